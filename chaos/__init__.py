@@ -1,0 +1,1 @@
+"""Chaos injectors (installed as ``pytest_reshard.chaos``)."""

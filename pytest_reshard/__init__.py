@@ -1,0 +1,1 @@
+"""pytest-reshard: prove that distributed PyTorch training survives resharding."""

@@ -1,0 +1,1 @@
+"""pytest plugin (placeholder while the harness is built)."""

@@ -1,0 +1,315 @@
+"""The probe: the few calls a training script makes so the harness can see and break it (a contract).
+
+    from pytest_reshard import probe
+
+    run = probe.attach()                    # a no-op outside the harness
+    start = load_checkpoint_if_any()
+    run.resumed(step=start)
+    for step in range(start, total_steps):
+        with run.step(step) as s:
+            s.record(samples=batch_ids)
+            s.point("forward");   loss = model(batch)
+            s.point("backward");  loss.backward()
+            s.point("optimizer"); opt.step()
+            s.record(loss=loss.item())
+        if run.reshard_requested() or run.stop_requested():
+            save_checkpoint(step); break
+    run.close()
+
+Why it is built this way:
+
+- Every event is one JSON line written with a single ``os.write`` to an ``O_APPEND`` file, so it is
+  in the kernel before the next line of training code runs: a SIGKILL loses at most the event that
+  was being written, and readers tolerate a torn last line.
+- It imports neither pytest nor torch (``digest`` imports torch only when handed tensors), and
+  outside the harness every call returns at once, so the probe can stay in production code.
+- In-process faults fire at fault points (``s.point(name)`` and the implicit ``begin``/``end``),
+  which makes "mid-step" exact and replayable; the supervisor enforces deadlines from outside.
+- A heartbeat thread touches a file every 0.1 s. A stopped (SIGSTOP) or dead rank stops beating;
+  the thread also ends the rank if the supervisor that started it is gone, so no rank outlives
+  its test.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+__all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
+
+ENV_DIR = "RESHARD_DIR"
+ENV_GENERATION = "RESHARD_GENERATION"
+ENV_SUPERVISOR_PID = "RESHARD_SUPERVISOR_PID"
+HEARTBEAT_S = 0.1
+# Exit code of a rank that ends itself because its supervisor vanished.
+ORPHAN_EXIT = 70
+
+
+class InjectedFault(RuntimeError):
+    """An error raised into the workload by a chaos injector (e.g. a simulated CUDA error)."""
+
+
+@dataclass(frozen=True)
+class ReshardNotice:
+    """A planned reshard: save a checkpoint and exit before ``deadline`` (``time.time()``)."""
+
+    to_world_size: int
+    deadline: float
+    kind: str = "shift_shards"
+
+
+def digest(obj: Any) -> str:
+    """A stable hex digest of nested dicts/lists of tensors, numbers, strings and bytes.
+
+    Tensors hash by dtype, shape and exact bytes (DTensors must be gathered first: the digest of
+    a shard is not the digest of the state). Equal digests mean bit-equal state.
+    """
+    h = hashlib.sha256()
+    _feed(h, obj)
+    return h.hexdigest()[:16]
+
+
+def _feed(h: "hashlib._Hash", obj: Any) -> None:
+    if isinstance(obj, Mapping):
+        h.update(b"{")
+        for key in sorted(obj, key=str):
+            h.update(str(key).encode() + b":")
+            _feed(h, obj[key])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for item in obj:
+            _feed(h, item)
+        h.update(b"]")
+    elif isinstance(obj, (bytes, bytearray)):
+        h.update(b"b" + bytes(obj))
+    elif type(obj).__module__.startswith("torch") and hasattr(obj, "detach"):
+        import torch
+
+        t = obj.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.full_tensor()
+        t = t.cpu().contiguous()
+        h.update(f"t{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "tobytes"):
+        h.update(f"n{obj.dtype}{obj.shape}".encode() + obj.tobytes())
+    else:
+        h.update(repr(obj).encode())
+
+
+class Step:
+    """The context of one training step; ``point`` marks named phases inside it."""
+
+    __slots__ = ("_run", "step", "phase")
+
+    def __init__(self, run: "Run", step: int) -> None:
+        self._run = run
+        self.step = step
+        self.phase = "begin"
+
+    def point(self, phase: str) -> None:
+        """Mark entering ``phase``: recorded, and any fault planned here fires now."""
+        self.phase = phase
+        run = self._run
+        if run.active:
+            run._emit("point", step=self.step, phase=phase)
+            run._fire(self.step, phase)
+
+    def record(self, *, loss: float | None = None, samples: Sequence[int] | None = None,
+               **metrics: Any) -> None:
+        """Record the step's loss and/or the global sample ids this rank consumed.
+
+        Record samples as soon as the batch is drawn (before the first fault point), so a rank
+        killed mid-step still accounts for the samples it took.
+        """
+        run = self._run
+        if not run.active:
+            return
+        fields: dict[str, Any] = dict(metrics)
+        if loss is not None:
+            fields["loss"] = float(loss)
+        if samples is not None:
+            fields["samples"] = [int(s) for s in samples]
+        run._emit("record", step=self.step, **fields)
+
+
+class Run:
+    """Handle returned by ``attach``. Inactive (every call a no-op) outside the harness."""
+
+    def __init__(self, env: Mapping[str, str] | None = None, *, max_rewind_steps: int | None = None,
+                 role: str | None = None) -> None:
+        env = os.environ if env is None else env
+        self.active = ENV_DIR in env
+        self.rank = int(env.get("RANK", 0))
+        self.world_size = int(env.get("WORLD_SIZE", 1))
+        self.generation = int(env.get(ENV_GENERATION, 0))
+        self.workdir: Path | None = None
+        self.seed = 0
+        self.role = role or "trainer"
+        self._stop = False
+        self._notice: ReshardNotice | None = None
+        self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        self._fd = -1
+        if not self.active:
+            return
+        root = Path(env[ENV_DIR])
+        self.workdir = root / "work"
+        plan = json.loads((root / f"plan-g{self.generation}.json").read_text())
+        self.seed = int(plan["seed"])
+        self.role = role or plan["roles"][self.rank]
+        for fault in plan["faults"]:
+            if self.rank in fault["ranks"]:
+                self._faults.setdefault((fault["step"], fault["phase"]), []).append(fault)
+        events = root / "events"
+        self._fd = os.open(events / f"g{self.generation}-r{self.rank}.jsonl",
+                           os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._heartbeat_path = events / f"g{self.generation}-r{self.rank}.hb"
+        self._heartbeat_path.touch()
+        supervisor = int(env.get(ENV_SUPERVISOR_PID, 0))
+        threading.Thread(target=self._beat, args=(supervisor,), name="reshard-heartbeat",
+                         daemon=True).start()
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._emit("start", world_size=self.world_size, role=self.role, pid=os.getpid(),
+                   max_rewind_steps=max_rewind_steps)
+
+    # -- recording -------------------------------------------------------------------------
+    def _emit(self, ev: str, **fields: Any) -> None:
+        fields.update(ev=ev, t=time.time(), gen=self.generation, rank=self.rank)
+        os.write(self._fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
+
+    def resumed(self, step: int, *, source: str = "checkpoint") -> None:
+        """Declare the first step this generation will run (0 for a fresh start)."""
+        if self.active:
+            self._emit("resumed", step=int(step), source=source)
+
+    @contextmanager
+    def step(self, step: int) -> Iterator[Step]:
+        """Wrap one training step; its end is recorded only if the body completes."""
+        s = Step(self, step)
+        if not self.active:
+            yield s
+            return
+        self._emit("begin", step=step)
+        self._fire(step, "begin")
+        try:
+            yield s
+        except BaseException as e:
+            self._emit("error", step=step, phase=s.phase, error=f"{type(e).__name__}: {e}"[:500])
+            raise
+        self._fire(step, "end")
+        self._emit("end", step=step)
+
+    def checkpoint_saved(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
+        """Record a completed save of the state after ``step`` (digest: ``{component: digest}``)."""
+        if self.active:
+            self._emit("ckpt_save", step=int(step), digest=dict(state_digest or {}), **info)
+
+    def checkpoint_loaded(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
+        """Record a completed load of the state saved after ``step``."""
+        if self.active:
+            self._emit("ckpt_load", step=int(step), digest=dict(state_digest or {}), **info)
+
+    def note(self, what: str, **fields: Any) -> None:
+        """Record a free-form event (shown in the timeline, ignored by checkers)."""
+        if self.active:
+            self._emit("note", what=what, **fields)
+
+    def memory(self, peak_bytes: int, *, budget_bytes: int | None = None) -> None:
+        if self.active:
+            self._emit("memory", peak=int(peak_bytes), budget=budget_bytes)
+
+    def close(self) -> None:
+        """Record a clean exit. Call it last; ``os._exit`` after it is fine."""
+        if self.active and self._fd >= 0:
+            self._emit("exit", code=0)
+            os.close(self._fd)
+            self._fd = -1
+            self.active = False
+
+    # -- planned events --------------------------------------------------------------------
+    def reshard_requested(self) -> ReshardNotice | None:
+        """The pending planned reshard, if any: checkpoint and exit before its deadline."""
+        return self._notice
+
+    def stop_requested(self) -> bool:
+        """True once SIGTERM arrived (preemption): checkpoint and exit within the grace period."""
+        return self._stop
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._stop = True
+        self._emit("signal", signal="SIGTERM")
+        if callable(self._previous_sigterm):
+            self._previous_sigterm(signum, frame)
+
+    # -- in-process faults -----------------------------------------------------------------
+    def _fire(self, step: int, phase: str) -> None:
+        for fault in self._faults.pop((step, phase), ()):
+            self._emit("fault", step=step, phase=phase, kind=fault["kind"], id=fault["id"],
+                       params=fault["params"])
+            _EXECUTORS[fault["kind"]](self, fault)
+
+    def _beat(self, supervisor: int) -> None:
+        path = self._heartbeat_path
+        while True:
+            time.sleep(HEARTBEAT_S)
+            if supervisor and not _alive(supervisor):
+                os._exit(ORPHAN_EXIT)
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# Each executor runs inside the rank at the exact fault point. The supervisor sees the `fault`
+# event just written and enforces what must come from outside (deadlines, SIGKILL after grace).
+def _kill(run: Run, fault: Mapping[str, Any]) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _preempt(run: Run, fault: Mapping[str, Any]) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _shift_shards(run: Run, fault: Mapping[str, Any]) -> None:
+    params = fault["params"]
+    run._notice = ReshardNotice(int(params["to_world_size"]), time.time() + float(params["notice_s"]))
+    run._emit("notice", kind="shift_shards", to_world_size=run._notice.to_world_size,
+              deadline=run._notice.deadline)
+
+
+_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards}
+
+_RUN: Run | None = None
+
+
+def attach(*, max_rewind_steps: int | None = None, role: str | None = None) -> Run:
+    """Connect to the harness (from the environment the launcher set); a no-op Run outside it.
+
+    ``max_rewind_steps``: how many committed steps an *unplanned* failure may cost this workload
+    (0 for in-memory redundancy, the checkpoint interval otherwise). Planned reshards and
+    preemptions must always cost zero.
+    """
+    global _RUN
+    if _RUN is None or _RUN.generation != int(os.environ.get(ENV_GENERATION, 0)) or \
+            _RUN.rank != int(os.environ.get("RANK", 0)):
+        _RUN = Run(max_rewind_steps=max_rewind_steps, role=role)
+    return _RUN
