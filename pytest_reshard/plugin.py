@@ -1,1 +1,187 @@
-"""pytest plugin (placeholder while the harness is built)."""
+"""The pytest plugin: markers, options, the ``reshard_run`` fixture, the verdict table.
+
+Kept thin on purpose: nothing here imports torch; the harness loads when a test first asks for
+``reshard_run``. Precedence for every setting: marker > command line > ini > default.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+BACKENDS = ("auto", "gloo", "nccl")
+LAUNCHERS = ("fork", "local", "torchrun")
+
+OPTIONS: list[tuple[str, str, Any, str]] = [
+    # (name, ini type, default, help) — every flag has an ini twin with the same help.
+    ("reshard_artifacts", "string", "reshard-artifacts",
+     "folder for per-test artifacts: history, verdict.json, replay command"),
+    ("reshard_timeout", "string", "300", "seconds a scenario may run before it is ended (all ranks killed)"),
+    ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one"),
+    ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
+    ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), torchrun"),
+]
+_STATE = pytest.StashKey["_State"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("reshard", "pytest-reshard: chaos tests of distributed training")
+    for name, kind, default, help_ in OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        group.addoption(flag, dest=name, default=None, help=f"{help_} (ini: {name}; default {default})")
+        parser.addini(name, help_, type=kind, default=default)
+    group.addoption("--reshard-nightly", action="store_true", default=False,
+                    help="also run tests marked nightly (long chaos runs)")
+
+
+def _setting(config: pytest.Config, name: str) -> str:
+    value = config.getoption(name)
+    source = "--" + name.replace("_", "-")
+    if value is None:
+        value, source = config.getini(name), f"ini {name}"
+    return _validate(name, str(value), source)
+
+
+def _validate(name: str, value: str, source: str) -> str:
+    try:
+        if name == "reshard_timeout" and float(value) <= 0:
+            raise ValueError
+        if name == "reshard_seed":
+            int(value)
+    except ValueError:
+        raise pytest.UsageError(f"{source}={value!r}: expected a "
+                                f"{'positive number' if name == 'reshard_timeout' else 'integer'}")
+    if name == "reshard_backend" and value not in BACKENDS:
+        raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
+    if name == "reshard_launcher" and value not in LAUNCHERS:
+        raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
+    return value
+
+
+class _State:
+    def __init__(self, config: pytest.Config) -> None:
+        self.settings = {name: _setting(config, name) for name, *_ in OPTIONS}
+        self.session: Any = None
+        self.results: list[Any] = []
+
+    def harness(self, config: pytest.Config) -> Any:
+        if self.session is None:
+            from .runner import Session
+
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            progress = None
+            if reporter is not None and config.get_verbosity() > 0:
+                progress = lambda msg: reporter.write_line(f"  reshard: {msg}")  # noqa: E731
+            self.session = Session(Path(self.settings["reshard_artifacts"]).resolve(),
+                                   progress=progress)
+        return self.session
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in (
+        "reshard(world_size=4, steps=20, timeout=None, workload=None, seed=None, launcher=None, "
+        "backend=None): defaults for the reshard_run fixture in this test",
+        "chaos: a chaos scenario (real processes, injected faults); select with -m chaos",
+        "gpu(count=1): needs `count` CUDA devices; skipped with a reason otherwise",
+        "nightly: a long chaos run; skipped unless --reshard-nightly",
+    ):
+        config.addinivalue_line("markers", line)
+    config.stash[_STATE] = _State(config)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    s = config.stash[_STATE].settings
+    return (f"reshard: seed={s['reshard_seed']} backend={s['reshard_backend']} "
+            f"launcher={s['reshard_launcher']} artifacts={s['reshard_artifacts']}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("nightly") and not item.config.getoption("reshard_nightly"):
+        pytest.skip("nightly chaos run: pass --reshard-nightly to run it")
+    gpu = item.get_closest_marker("gpu")
+    if gpu is not None:
+        count = gpu.args[0] if gpu.args else gpu.kwargs.get("count", 1)
+        import torch  # only for tests that ask for GPUs
+
+        have = torch.cuda.device_count()
+        if have < count:
+            pytest.skip(f"needs {count} CUDA device(s), found {have}")
+
+
+@pytest.fixture
+def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, Any], None]) -> Callable[..., Any]:
+    """Run a workload under chaos: ``reshard_run("train.py" | "lm", faults=[...], ...)``.
+
+    Keyword arguments override the ``reshard`` marker: world_size, steps, seed, timeout,
+    launcher, backend, args (the workload's own command-line arguments), and any Scenario
+    field (hang_s, stall_s, failure_grace_s, roles, ...). Returns a Result whose
+    ``assert_*`` methods check the recorded history.
+    """
+    state: _State = request.config.stash[_STATE]
+    marker = request.node.get_closest_marker("reshard")
+    defaults = dict(marker.kwargs) if marker else {}
+    count = 0
+
+    def run(workload: str | None = None, faults: Any = (), **overrides: Any) -> Any:
+        nonlocal count
+        from .runner import scenario_from
+
+        opts = {**defaults, **overrides}
+        workload = workload or opts.pop("workload", None)
+        opts.pop("workload", None)
+        if workload is None:
+            raise pytest.UsageError("reshard_run needs a workload: a script path or 'lm'")
+        if workload not in ("lm",) and not os.path.isabs(workload):
+            candidate = Path(request.node.path).parent / workload
+            workload = str(candidate if candidate.exists() else Path(workload).resolve())
+        s = state.settings
+        seed = opts.pop("seed", None)
+        scenario = scenario_from(
+            workload, faults=faults,
+            world_size=int(opts.pop("world_size", 4)), steps=int(opts.pop("steps", 20)),
+            seed=int(s["reshard_seed"] if seed is None else seed),
+            timeout_s=float(opts.pop("timeout", None) or s["reshard_timeout"]),
+            launcher=opts.pop("launcher", None) or s["reshard_launcher"],
+            backend=_resolve_backend(opts.pop("backend", None) or s["reshard_backend"]),
+            args=[str(a) for a in opts.pop("args", ())], **opts)
+        count += 1
+        name = request.node.nodeid + (f"-{count}" if count > 1 else "")
+        result = state.harness(request.config).run(scenario, name,
+                                     replay=f"pytest {request.node.nodeid!r} --reshard-seed={scenario.schedule.seed}")
+        state.results.append(result)
+        record_property("reshard_verdict", result.verdict.status)
+        record_property("reshard_schedule_hash", scenario.schedule.hash)
+        return result
+
+    return run
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend == "gloo":
+        return backend
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if backend == "nccl" and not has_cuda:
+        pytest.skip("backend nccl needs CUDA, and none is available here")
+    return "nccl" if has_cuda else "gloo"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    state: _State = config.stash[_STATE]
+    if not state.results:
+        return
+    from .report import verdict_table
+
+    terminalreporter.section("reshard verdicts")
+    for line in verdict_table(state.results):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(f"artifacts: {state.settings['reshard_artifacts']}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.session is not None:
+        state.session.close()

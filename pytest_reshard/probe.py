@@ -296,7 +296,11 @@ def _shift_shards(run: Run, fault: Mapping[str, Any]) -> None:
               deadline=run._notice.deadline)
 
 
-_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards}
+def _hang(run: Run, fault: Mapping[str, Any]) -> None:
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang}
 
 _RUN: Run | None = None
 

@@ -1,0 +1,1 @@
+"""Bundled chaos suites: pytest modules run by ``pytest-reshard SUITE``."""

@@ -1,0 +1,598 @@
+"""Checkers: pure functions ``History -> Verdict`` that decide whether training survived (a contract).
+
+Each checker reads only the history (plus keyword-only inputs such as a reference run), so it is
+tested on hand-built histories without starting a process. A checker that cannot decide says
+``unknown`` and what the workload must record to let it decide; it never guesses a pass.
+
+The definitions (DESIGN.md, "Definitions the checkers use") and the choices made here:
+
+- **no_rewind**: a rewind is a committed step executed again. At each generation change the cost
+  is the number of committed steps still in effect that the new generation's resume step throws
+  away (a step discarded once is not charged again). Planned transitions (a reshard with notice, a
+  SIGTERM preemption) may cost 0; unplanned ones at most ``max_rewind_steps`` (undeclared: 0).
+  Resuming *past* steps that never ran is flagged too.
+- **loss_continuity**: the noise floor of a step is ``max(spread, 1e-7 * |reference loss|)``:
+  the spread between clean runs at different world sizes (measured, an input), never below one
+  float32 rounding of the loss. The tolerance is ``10`` noise floors, because the spread is the
+  largest difference seen in a couple of clean runs, and a resharded run that crosses several
+  world sizes may legitimately land a few times beyond it; real state bugs measured here are
+  10^4-10^6 floors away. Without a measured spread, anything beyond float rounding is ``unknown``.
+- **exactly_once_samples**: counts ``(epoch, sample)`` per role over the kept occurrences (see
+  ``History.kept``), so a target and its drafter may both see a sample, but no two ranks of one
+  role and no two steps may.
+- **state_equivalence**: compares load digests with the latest earlier save of the same step, or
+  with the load's own ``expected`` digest, component by component.
+- **liveness**: the final generation committed the last step; every death, stop or stall is
+  explained by a scheduled fault; every scheduled fault fired; every rank started.
+"""
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Any, Callable, Iterable, Mapping, NamedTuple
+
+from .history import Detection, Generation, History, Occurrence
+from .verdict import Verdict
+
+__all__ = [
+    "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
+    "liveness", "DEFAULT_CHECKS", "run_checks", "SPREAD_FACTOR", "ROUNDING_FLOOR",
+]
+
+#: A deviation beyond this many noise floors fails loss_continuity.
+SPREAD_FACTOR = 10.0
+#: The smallest noise floor, relative to |loss|: about one float32 rounding (eps = 1.19e-7).
+ROUNDING_FLOOR = 1e-7
+_MAX_LISTED = 3
+
+
+# -- shared helpers ------------------------------------------------------------------------------
+def _ranges(steps: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    out: list[str] = []
+    items = sorted(set(steps))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}..{items[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _previous(history: History, gen: int) -> Generation | None:
+    earlier = [g for g in history.generations if g < gen]
+    return history.generations[max(earlier)] if earlier else None
+
+
+def _fault_before(history: History, gen: int) -> str | None:
+    """The scheduled fault that ended the generation before ``gen``, described."""
+    prev = _previous(history, gen)
+    return history.describe_fault(prev.fault_id) if prev else None
+
+
+def _cause_phrase(history: History, ended: Generation) -> str:
+    """How a generation ended, in words: 'a planned reshard (shift_shards(all) at step 12 ...)'."""
+    fault = history.describe_fault(ended.fault_id)
+    words = {
+        "reshard": "a planned reshard" if ended.planned else "an unplanned reshard",
+        "preempt": "a preemption (SIGTERM)", "failure": "an unplanned failure",
+        "hang": "a hang", "timeout": "a timeout", "error": "a harness error",
+        "complete": "a completed generation",
+    }
+    if ended.cause is None:
+        return f"generation {ended.gen} ended with no supervisor record (treated as unplanned)"
+    text = words.get(ended.cause, f"{'a planned' if ended.planned else 'an unplanned'} "
+                                  f"{ended.cause}")
+    return f"{text} ({fault})" if fault else text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _summarise(messages: list[str]) -> str:
+    """The first message, plus a count and the next few."""
+    if len(messages) == 1:
+        return messages[0]
+    more = messages[1:1 + _MAX_LISTED]
+    tail = "; ".join(more) + ("; ..." if len(messages) > 1 + _MAX_LISTED else "")
+    return f"{messages[0]} (+{len(messages) - 1} more: {tail})"
+
+
+# -- no_rewind -----------------------------------------------------------------------------------
+def no_rewind(history: History) -> Verdict:
+    """No committed step is executed again beyond the budget, and no step is skipped."""
+    check, replay = "no_rewind", history.replay
+    if not history.generations:
+        return Verdict.unknown(check, "the history has no generation: no rank recorded anything; "
+                               "does the workload call probe.attach()?", replay=replay)
+    live_committed: set[int] = set()   # committed steps whose effect is still in the state
+    live_ended: set[int] = set()       # steps some rank finished, still in the state
+    pending: list[Generation] = []     # generations ended since the last one that resumed
+    problems: list[dict[str, Any]] = []
+    transitions: list[dict[str, Any]] = []
+    for g in sorted(history.generations):
+        gen = history.generations[g]
+        resume = gen.resume_step
+        if resume is None:              # never got as far as resuming: nothing changed
+            pending.append(gen)
+            continue
+        began = history.begun(g)
+        replayed = sorted({s for s in live_committed if s >= resume} | (live_committed & began))
+        if pending:                     # a transition: the generations in `pending` ended
+            planned = all(p.planned for p in pending)
+            culprit = next((p for p in pending if not p.planned), pending[-1])
+            budget = 0 if planned else history.max_rewind_steps(g)
+            fault = history.describe_fault(culprit.fault_id)
+            cause = _cause_phrase(history, culprit)
+            transitions.append({"generation": g, "resume_step": resume, "planned": planned,
+                                "replayed": replayed, "budget": budget, "fault": fault})
+            if len(replayed) > budget:
+                if planned:
+                    hint = ("a planned reshard or preemption must cost nothing: save when "
+                            "run.reshard_requested() or run.stop_requested() says so, and resume "
+                            "from that save at the next step")
+                elif history.max_rewind_steps(g) == 0:
+                    hint = ("the workload declares no rewind budget (max_rewind_steps unset, so "
+                            "0): declare its checkpoint interval with probe.attach("
+                            "max_rewind_steps=N) or keep redundant in-memory state")
+                else:
+                    hint = (f"the workload declares max_rewind_steps={budget}: checkpoint more "
+                            "often, or resume from the latest save")
+                problems.append({
+                    "message": f"generation {g} resumed at step {resume} after {cause}: committed "
+                               f"steps {_ranges(replayed)} replayed ({len(replayed)} steps, "
+                               f"budget {budget}); {hint}",
+                    "step": resume, "generation": g, "fault": fault})
+        last = max(live_ended, default=-1)
+        if resume > last + 1:
+            before = (f"the last step finished before was {last}" if last >= 0
+                      else "no step had finished before")
+            problems.append({
+                "message": f"generation {g} resumed at step {resume} but {before}: steps "
+                           f"{_ranges(range(last + 1, resume))} were never run; the resume step "
+                           "must be the saved step + 1",
+                "step": resume, "generation": g, "fault": _fault_before(history, g)})
+        live_committed = {s for s in live_committed if s < resume and s not in began}
+        live_committed |= history.committed(g)
+        live_ended = {s for s in live_ended if s < resume} | history.ended(g)
+        pending = [gen]
+    details = {"transitions": transitions, "problems": [p["message"] for p in problems]}
+    if problems:
+        first = problems[0]
+        return Verdict.failed(check, _summarise([p["message"] for p in problems]),
+                              step=first["step"], generation=first["generation"],
+                              fault=first["fault"], details=details, replay=replay)
+    if not transitions:
+        return Verdict.passed(check, "no generation resumed after another: nothing replayed",
+                              details=details, replay=replay)
+    lost = [t for t in transitions if t["replayed"]]
+    if lost:
+        text = ", ".join(f"generation {t['generation']} replayed {len(t['replayed'])} of "
+                         f"budget {t['budget']}" for t in lost)
+        return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')}, "
+                                     f"rewinds within budget: {text}", details=details,
+                              replay=replay)
+    return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')} replayed no "
+                                 "committed step", details=details, replay=replay)
+
+
+# -- loss_continuity -----------------------------------------------------------------------------
+class _Row(NamedTuple):
+    """One compared step: its deviation in noise floors, and the values behind it."""
+
+    units: float
+    step: int
+    occ: Occurrence
+    loss: float
+    ref: float
+
+    @classmethod
+    def of(cls, step: int, occ: Occurrence, loss: float, ref: float,
+           spread: float | None) -> "_Row":
+        floor = max(spread or 0.0, ROUNDING_FLOOR * abs(ref), 1e-30)
+        return cls(abs(loss - ref) / floor, step, occ, loss, ref)
+
+
+def measure_spread(reference_a: History, reference_b: History, *more: History) -> float:
+    """The noise floor: the largest per-step loss difference between clean runs.
+
+    Pass clean runs of the same seed and data at *different* world sizes; the largest difference
+    over every pair and every step both kept is what reduction order alone can do.
+    """
+    runs = [reference_a, reference_b, *more]
+    losses = [{s: loss for s, (_, loss) in r.kept_losses().items()} for r in runs]
+    spread = 0.0
+    for i in range(len(runs)):
+        for j in range(i + 1, len(runs)):
+            common = set(losses[i]) & set(losses[j])
+            if not common:
+                raise ValueError(f"reference runs {i} and {j} share no step with a recorded loss; "
+                                 "record s.record(loss=...) in every step of both")
+            spread = max(spread, max(abs(losses[i][s] - losses[j][s]) for s in common))
+    return spread
+
+
+def loss_continuity(history: History, *, reference: History | None = None,
+                    spread: float | None = None) -> Verdict:
+    """Per-step loss of the kept steps matches a clean reference within the measured noise floor."""
+    check, replay = "loss_continuity", history.replay
+    if spread is not None and (math.isnan(spread) or spread < 0):
+        raise ValueError(f"spread must be a measured loss difference >= 0, got {spread!r}")
+    if reference is None:
+        return Verdict.unknown(check, "no reference run to compare with: pass reference=History "
+                               "of a fault-free run with the same seed and data order",
+                               replay=replay)
+    ref = {s: loss for s, (_, loss) in reference.kept_losses().items()}
+    run = history.kept_losses()
+    if not ref:
+        return Verdict.unknown(check, "the reference run recorded no loss; call "
+                               "s.record(loss=loss.item()) in every step", replay=replay)
+    if not run:
+        return Verdict.unknown(check, "the run recorded no loss for any kept step; call "
+                               "s.record(loss=loss.item()) in every step", replay=replay)
+    last = max(run)
+    gaps = sorted(s for s in ref if s not in run and s <= last)
+    tail = sorted(s for s in ref if s > last)
+    rows = [_Row.of(s, run[s][0], run[s][1], ref[s], spread) for s in sorted(set(ref) & set(run))]
+    if not rows:
+        return Verdict.unknown(check, f"the run (steps {_ranges(run)}) and the reference (steps "
+                               f"{_ranges(ref)}) share no step with a loss", replay=replay)
+    floor_note = (f"noise floor max(spread {spread:.3g}, {ROUNDING_FLOOR:g}*|loss|)"
+                  if spread is not None else
+                  f"no measured spread: noise floor {ROUNDING_FLOOR:g}*|loss| (float rounding)")
+    details: dict[str, Any] = {
+        "spread": spread, "factor": SPREAD_FACTOR, "compared": len(rows), "missing": gaps,
+        "not_reached": tail, "deviations": {r.step: r.loss - r.ref for r in rows}}
+    worst = max(rows, key=lambda r: (r.units, -r.step))   # the earliest of equal deviations
+    if worst.units > SPREAD_FACTOR:
+        s, occ = worst.step, worst.occ
+        first = next(r for r in rows if r.units > SPREAD_FACTOR)
+        gen = history.generations.get(occ.gen)
+        resume = gen.resume_step if gen and occ.gen != min(history.generations) else None
+        dev = (f"{worst.loss:.6g} vs reference {worst.ref:.6g} (off by "
+               f"{abs(worst.loss - worst.ref):.3g}), {worst.units:.3g}x the noise floor")
+        if resume == s:
+            text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev}"
+        elif resume is not None:
+            text = (f"loss at step {s} (generation {occ.gen}, {s - resume} steps after the resume "
+                    f"at step {resume}) is {dev}")
+        else:
+            text = f"loss at step {s} (generation {occ.gen}) is {dev}"
+        if first.step != s:
+            text += f"; first beyond tolerance at step {first.step} (generation {first.occ.gen})"
+        where = dict(step=s, generation=occ.gen, fault=_fault_before(history, occ.gen),
+                     details=details, replay=replay)
+        if spread is None:
+            return Verdict.unknown(check, f"{text}; {floor_note}, so reduction-order noise "
+                                   "cannot be told from a bug: pass spread=measure_spread(a, b) of "
+                                   "clean runs at different world sizes", **where)
+        return Verdict.failed(check, f"{text} (tolerance {SPREAD_FACTOR:g}x, {floor_note}); the "
+                              "resumed state differs from the saved one (optimizer moments, LR "
+                              "schedule, data position or RNG): see state_equivalence", **where)
+    if gaps:
+        return Verdict.failed(check, f"no loss for kept steps {_ranges(gaps)} although the reference "
+                              f"has them and the run went on to step {last}: they were skipped or "
+                              "their loss was not recorded", step=gaps[0], details=details,
+                              replay=replay)
+    summary = (f"{len(rows)} steps within {SPREAD_FACTOR:g} noise floors of the reference"
+               + (f" (worst {worst.units:.3g}x at step {worst.step})" if worst.units > 0
+                  else " (identical losses)")
+               + f"; {floor_note}")
+    if tail:
+        return Verdict.unknown(check, f"the run stopped at step {last}: steps {_ranges(tail)} were "
+                               f"never compared; {summary}", step=last + 1, details=details,
+                               replay=replay)
+    return Verdict.passed(check, summary, details=details, replay=replay)
+
+
+# -- exactly_once_samples ------------------------------------------------------------------------
+def _at(occ: Occurrence, rank: int) -> str:
+    return f"step {occ.step} (generation {occ.gen}, rank {rank})"
+
+
+def exactly_once_samples(history: History, *, reference: History | None = None) -> Verdict:
+    """Every (epoch, sample) of the kept steps is consumed once; with a reference, none is lost."""
+    check, replay = "exactly_once_samples", history.replay
+    if not history.has_samples():
+        return Verdict.unknown(check, "the workload recorded no sample ids; call "
+                               "s.record(samples=batch_ids) as soon as the batch is drawn",
+                               replay=replay)
+    kept = history.kept()
+    seen: dict[tuple[str, int, int], tuple[Occurrence, int]] = {}
+    dups: list[tuple[tuple[str, int, int], tuple[Occurrence, int], tuple[Occurrence, int]]] = []
+    for occ in kept:
+        for rank, pairs in sorted(history.samples(occ.gen, occ.step).items()):
+            role = history.role(occ.gen, rank)
+            for epoch, sample in pairs:
+                key = (role, epoch, sample)
+                if key in seen:
+                    dups.append((key, seen[key], (occ, rank)))
+                else:
+                    seen[key] = (occ, rank)
+    consumed = {(epoch, sample) for _, epoch, sample in seen}
+
+    details: dict[str, Any] = {"kept_steps": len(kept), "samples": len(consumed),
+                               "duplicates": len(dups)}
+    if dups:
+        (role, epoch, sample), (o1, r1), (o2, r2) = dups[0]
+        if o1 == o2:
+            why = "two ranks of one step drew it: the sampler's rank or world size is wrong"
+        elif o1.gen != o2.gen:
+            why = ("the data position was not restored across the generation change, or the new "
+                   "world size re-split samples already consumed")
+        else:
+            why = "the data loader repeated it within one generation"
+        again = "again at" if o1 != o2 else "at"
+        text = (f"sample {sample} (epoch {epoch}) consumed twice: at {_at(o1, r1)} and {again} "
+                f"{_at(o2, r2)}; {why}")
+        if len(dups) > 1:
+            text += f" ({len(dups)} duplicates in all)"
+        details["first_duplicates"] = [
+            {"sample": k[2], "epoch": k[1], "role": k[0], "first": [a.step, a.gen, ra],
+             "again": [b.step, b.gen, rb]} for k, (a, ra), (b, rb) in dups[:20]]
+        return Verdict.failed(check, text, step=o2.step, rank=r2, generation=o2.gen,
+                              fault=_fault_before(history, o2.gen) if o2.gen != o1.gen else None,
+                              details=details, replay=replay)
+    if reference is None:
+        return Verdict.passed(check, f"{len(consumed)} samples consumed exactly once over "
+                              f"{len(kept)} kept steps (no reference: lost samples not checked)",
+                              details=details, replay=replay)
+    last = max((o.step for o in kept), default=-1)
+    expected: dict[tuple[int, int], int] = {}
+    for occ, ref_pairs in sorted(reference.kept_samples().items()):
+        if occ.step <= last:
+            for p in ref_pairs:
+                expected.setdefault(p, occ.step)
+    lost = sorted(set(expected) - consumed, key=lambda p: (expected[p], p))
+    details["lost"] = len(lost)
+    details["not_in_reference"] = len(consumed - set(expected))   # a data-order change, not a loss
+    if lost:
+        drawn: dict[tuple[int, int], Occurrence] = {}
+        kept_set = set(kept)
+        for e in history.rank_events("record"):
+            occ = Occurrence(int(e["step"]), int(e["gen"]))
+            if occ not in kept_set:
+                for s in e.get("samples") or ():
+                    drawn.setdefault((int(e.get("epoch", 0) or 0), int(s)), occ)
+        epoch, sample = lost[0]
+        where = drawn.get(lost[0])
+        fate = (f"; it was drawn at step {where.step} in generation {where.gen}, whose effect was "
+                "discarded" if where else "; no kept or discarded step drew it")
+        text = (f"{len(lost)} samples the reference consumed by step {last} were never consumed: "
+                f"first sample {sample} (epoch {epoch}), reference step {expected[lost[0]]}{fate}; "
+                "restore the data position saved with the checkpoint")
+        details["lost_samples"] = [[e_, s_] for e_, s_ in lost[:50]]
+        gen = where.gen if where else None
+        return Verdict.failed(check, text, step=expected[lost[0]], generation=gen,
+                              details=details, replay=replay)
+    return Verdict.passed(check, f"{len(consumed)} samples consumed exactly once over {len(kept)} "
+                          f"kept steps, none of the reference's lost", details=details,
+                          replay=replay)
+
+
+# -- state_equivalence ---------------------------------------------------------------------------
+def state_equivalence(history: History) -> Verdict:
+    """The state just after each load equals what was saved (or read), component by component."""
+    check, replay = "state_equivalence", history.replay
+    gens = history.generations
+    first_gen = min(gens, default=0)
+    loads = [c for c in history.checkpoints("load") if c.digest]
+    saves = [c for c in history.checkpoints("save") if c.digest]
+    advice = ("call run.checkpoint_saved(step, digest) and run.checkpoint_loaded(step, digest) with "
+              "probe.digest() of each component (model, optimizer, lr_schedule, data, rng)")
+    resumed = [g for g in gens.values() if g.gen != first_gen and (g.resume_step or 0) > 0]
+    loaded_gens = {c.gen for c in loads}
+    unverified = [f"generation {g.gen} resumed at step {g.resume_step} without recording a load "
+                  "digest" for g in resumed if g.gen not in loaded_gens]
+    mismatches: list[dict[str, Any]] = []
+    verified = 0
+    for load in loads:
+        earlier = [s for s in saves if s.step == load.step and s.gen < load.gen]
+        if earlier:
+            src_gen = max(s.gen for s in earlier)
+            baseline: dict[str, str] = {}
+            for s in sorted((s for s in earlier if s.gen == src_gen),
+                            key=lambda s: (s.rank, -s.index)):
+                for comp, d in s.digest.items():
+                    baseline.setdefault(comp, d)
+            source = f"saved in generation {src_gen}"
+        elif load.expected:
+            src_gen, baseline, source = None, dict(load.expected), "read (the load's expected digest)"
+        else:
+            if load.gen != first_gen:
+                unverified.append(f"the load of step {load.step} in generation {load.gen} (rank "
+                                  f"{load.rank}) has no earlier save of step {load.step} and no "
+                                  "expected digest")
+            continue
+        common = sorted(set(baseline) & set(load.digest))
+        if not common:
+            unverified.append(f"the load of step {load.step} in generation {load.gen} shares no "
+                              f"component with what was {source} (saved {sorted(baseline)}, "
+                              f"loaded {sorted(load.digest)})")
+            continue
+        verified += 1
+        differ = [c for c in common if baseline[c] != load.digest[c]]
+        if differ:
+            mismatches.append({"load": load, "differ": differ, "baseline": baseline,
+                               "src_gen": src_gen, "source": source})
+    details: dict[str, Any] = {"loads_verified": verified, "unverified": unverified,
+                               "mismatches": len(mismatches)}
+    if mismatches:
+        m = mismatches[0]
+        load = m["load"]
+        src = gens.get(m["src_gen"]) if m["src_gen"] is not None else _previous(history, load.gen)
+        dst = gens.get(load.gen)
+        sizes = (f" (world size {src.world_size} -> {dst.world_size})" if src and dst else "")
+        kind = "resharded load" if src and dst and src.world_size != dst.world_size else "load"
+        comps = " and ".join(m["differ"])
+        verb = "differs" if len(m["differ"]) == 1 else "differ"
+        digests = ", ".join(f"{c}: {m['baseline'][c]} -> {load.digest[c]}" for c in m["differ"])
+        hint = ("save and load it through torch.distributed.checkpoint.state_dict "
+                "(get_state_dict/set_state_dict): the raw optimizer.state_dict() drops sharded "
+                "state" if "optimizer" in m["differ"] else
+                "the checkpoint does not round-trip it across this world size: save it with the "
+                "checkpoint and restore it on load")
+        text = (f"{comps} state {verb} after the {kind} of step {load.step} in generation "
+                f"{load.gen}{sizes} on rank {load.rank}: what was {m['source']} does not match what "
+                f"was loaded ({digests}); {hint}")
+        if len(mismatches) > 1:
+            text += f" ({len(mismatches)} mismatching loads in all)"
+        details["differ"] = m["differ"]
+        return Verdict.failed(check, text, step=load.step, rank=load.rank, generation=load.gen,
+                              fault=_fault_before(history, load.gen), details=details,
+                              replay=replay)
+    if unverified:
+        return Verdict.unknown(check, f"{_summarise(unverified)}; {advice}", details=details,
+                               replay=replay)
+    if verified:
+        return Verdict.passed(check, f"{verified} loads match what was saved, component by "
+                              "component", details=details, replay=replay)
+    if len(gens) <= 1:
+        return Verdict.passed(check, "single generation: no reshard to check", details=details,
+                              replay=replay)
+    return Verdict.passed(check, "no generation resumed from saved state (each started at step 0): "
+                          "no state to compare", details=details, replay=replay)
+
+
+# -- liveness ------------------------------------------------------------------------------------
+def _describe_detection(d: Detection) -> str:
+    at = (f"at step {d.step}, phase {d.phase}" if d.step is not None and d.phase
+          else f"at step {d.step}" if d.step is not None else "before its first step")
+    who = f"rank {d.rank}" if d.rank is not None else "a rank"
+    code = ""
+    if d.exit_code is not None:
+        code = (f" (killed by signal {-d.exit_code})" if d.exit_code < 0
+                else f" (exit code {d.exit_code})")
+    what = {
+        "died": f"{who} died{code} {at}",
+        "stopped": f"{who} stopped responding {at}",
+        "stalled": f"{who} stalled {at}: alive, but no progress",
+        "exited_early": f"{who} exited early{code} {at}, before the run finished",
+    }.get(d.kind, f"{who} {d.kind} {at}")
+    return (f"{what} (generation {d.gen}), and no scheduled fault explains it; read that rank's "
+            "output in the run folder")
+
+
+def liveness(history: History) -> Verdict:
+    """The run reached its last step, and nothing died, hung or went silent unexplained."""
+    check, replay = "liveness", history.replay
+    final = history.final_generation
+    if final is None:
+        return Verdict.unknown(check, "the history has no generation: no rank recorded anything",
+                               replay=replay)
+    problems: list[dict[str, Any]] = []
+    for d in history.detections():
+        if not d.expected:
+            problems.append({"message": _describe_detection(d), "step": d.step, "rank": d.rank,
+                             "generation": d.gen, "fault": None})
+    fired_ranks: set[tuple[int, int | None]] = {(f.gen, f.rank) for f in history.faults_fired()}
+    fired_ranks |= {(d.gen, d.rank) for d in history.detections() if d.expected}
+    for g, gen in history.generations.items():
+        starts = history.starts(g)
+        anyone_ended = bool(history.ended(g))
+        for r in range(gen.world_size):
+            if r not in starts and (anyone_ended or gen.cause in (None, "complete", "reshard",
+                                                                  "preempt")):
+                problems.append({"message": f"rank {r} of generation {g} never recorded a start: it "
+                                 "died before probe.attach() or was never launched",
+                                 "step": None, "rank": r, "generation": g, "fault": None})
+    ended_by: dict[int, int] = {}
+    for s in history.ended(final.gen):
+        for r in history.ended_by(final.gen, s):
+            ended_by[r] = max(ended_by.get(r, -1), s)
+    if ended_by:
+        for r in range(final.world_size):
+            if r in ended_by or (final.gen, r) in fired_ranks or r not in history.starts(final.gen):
+                continue
+            others = ", ".join(str(x) for x in sorted(ended_by))
+            errors = history.rank_events("error", gen=final.gen, rank=r)
+            last = (f"; its last error: {errors[-1].get('error')} at step {errors[-1]['step']}"
+                    if errors else "")
+            role = history.role(final.gen, r)
+            problems.append({"message": f"rank {r} (role {role or '?'}) of generation {final.gen} "
+                             f"finished no step while ranks {others} finished up to step "
+                             f"{max(ended_by.values())}: it died silently or sits idle{last}",
+                             "step": None, "rank": r, "generation": final.gen, "fault": None})
+    for u in history.unfired():
+        fid = u.get("fault_id")
+        fault = history.scenario.fault(fid) if history.scenario else None
+        desc = history.describe_fault(fid) or "a scheduled fault"
+        phase = fault.get("phase") if fault else None
+        if phase in ("begin", "end") or phase is None:
+            why = "the run never reached that step"
+        else:
+            why = (f"the workload never reached that point; does it call "
+                   f"s.point({phase!r})?")
+        detail = str(u.get("detail") or "")
+        extra = f" ({detail})" if detail and detail not in desc else ""
+        problems.append({"message": f"fault {desc} never fired: {why}{extra}",
+                         "step": fault.get("step") if fault else None, "rank": None,
+                         "generation": None, "fault": desc})
+    for g, gen in history.generations.items():
+        if gen.cause == "timeout":
+            problems.append({"message": f"the run hit its timeout in generation {g}"
+                             f"{': ' + gen.detail if gen.detail else ''}; raise timeout= if the "
+                             "workload is only slow, else look for a hang", "step": None,
+                             "rank": None, "generation": g, "fault": None})
+    scenario = history.scenario
+    target = scenario.steps - 1 if scenario else None
+    committed = history.committed(final.gen)
+    if target is not None and target >= 0 and target not in committed:
+        reached = (f"last committed step {max(committed)}" if committed else "no step committed")
+        how = (f"; generation {final.gen} ended by {final.cause}"
+               f"{': ' + final.detail if final.detail else ''}" if final.cause else "")
+        problems.append({"message": f"the run did not reach its target: step {target} never "
+                         f"committed in the final generation {final.gen} ({reached}){how}",
+                         "step": target, "rank": None, "generation": final.gen,
+                         "fault": history.describe_fault(final.fault_id)})
+    details = {"problems": [p["message"] for p in problems], "target": target,
+               "detections": len(history.detections())}
+    if problems:
+        first = problems[0]
+        return Verdict.failed(check, _summarise([p["message"] for p in problems]),
+                              step=first["step"], rank=first["rank"],
+                              generation=first["generation"], fault=first["fault"],
+                              details=details, replay=replay)
+    if target is None:
+        return Verdict.unknown(check, "no scenario record, so the target step is unknown; nothing "
+                               "else went wrong", details=details, replay=replay)
+    return Verdict.passed(check, f"reached step {target} in generation {final.gen}; "
+                          f"{len(history.detections())} detections, all explained by scheduled "
+                          "faults; every scheduled fault fired", details=details, replay=replay)
+
+
+# -- registry ------------------------------------------------------------------------------------
+Checker = Callable[..., Verdict]
+
+#: The checkers ``assert_ok`` runs, by name.
+DEFAULT_CHECKS: Mapping[str, Checker] = {
+    "no_rewind": no_rewind,
+    "loss_continuity": loss_continuity,
+    "exactly_once_samples": exactly_once_samples,
+    "state_equivalence": state_equivalence,
+    "liveness": liveness,
+}
+
+
+def run_checks(history: History, checks: Mapping[str, Checker] | None = None,
+               **inputs: Any) -> list[Verdict]:
+    """Run each checker with the keyword inputs it accepts (``reference=``, ``spread=``, ...).
+
+    A checker that raises becomes an ``unknown`` verdict naming the exception, so one broken
+    checker cannot hide the others' verdicts.
+    """
+    out: list[Verdict] = []
+    for name, fn in (checks or DEFAULT_CHECKS).items():
+        accepted = inspect.signature(fn).parameters
+        kwargs = {k: v for k, v in inputs.items() if k in accepted}
+        try:
+            out.append(fn(history, **kwargs))
+        except Exception as e:  # noqa: BLE001 - reported, not swallowed
+            out.append(Verdict.unknown(name, f"checker raised {type(e).__name__}: {e}; this is a "
+                                       "bug in the checker or a malformed history",
+                                       replay=history.replay))
+    return out
+

@@ -1,0 +1,79 @@
+"""``pytest-reshard``: the main job (a bundled chaos suite) and replays of saved scenarios.
+
+    pytest-reshard smoke                 # bundled smoke suite against the bundled LM, on CPU
+    pytest-reshard smoke -- -k preempt   # extra pytest arguments after --
+    pytest-reshard replay reshard-artifacts/<test>/scenario.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+
+def _suites_dir() -> Path:
+    from pytest_reshard.chaos import suites
+
+    return Path(suites.__file__).parent
+
+
+def suites() -> list[str]:
+    return sorted(p.stem for p in _suites_dir().glob("*.py") if not p.stem.startswith("_"))
+
+
+def run_suite(name: str, artifacts: str, extra: list[str]) -> int:
+    import pytest
+
+    path = _suites_dir() / f"{name}.py"
+    if not path.exists():
+        print(f"pytest-reshard: no suite {name!r}; bundled suites: {', '.join(suites())}",
+              file=sys.stderr)
+        return 2
+    return int(pytest.main([str(path), "--rootdir", str(path.parent), "-o", "addopts=",
+                            "--import-mode=importlib", "-p", "no:cacheprovider", "-v",
+                            f"--reshard-artifacts={artifacts}", *extra]))
+
+
+def replay(scenario_path: str, artifacts: str) -> int:
+    from .report import verdict_table
+    from .runner import Session
+    from .supervisor import Scenario
+
+    path = Path(scenario_path)
+    if path.is_dir():
+        path = path / "scenario.json"
+    if not path.exists():
+        print(f"pytest-reshard: {path} not found; pass a scenario.json from an artifacts folder",
+              file=sys.stderr)
+        return 2
+    scenario = Scenario.from_dict(json.loads(path.read_text()))
+    with Session(Path(artifacts).resolve(), progress=lambda m: print(f"  {m}", flush=True)) as s:
+        result = s.run(scenario, f"replay-{scenario.schedule.hash}")
+    print("\n".join(verdict_table([result])))
+    print(f"artifacts: {result.run_dir}")
+    return 0 if result.verdict.status == "pass" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pytest-reshard", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", help=f"a suite ({', '.join(suites())}) or 'replay'")
+    parser.add_argument("target", nargs="?", help="for replay: a scenario.json or its folder")
+    parser.add_argument("--artifacts", default="reshard-artifacts", help="artifacts folder")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    args = parser.parse_args(argv)
+    if args.command == "replay":
+        if not args.target:
+            parser.error("replay needs the path of a scenario.json")
+        return replay(args.target, args.artifacts)
+    return run_suite(args.command, args.artifacts, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

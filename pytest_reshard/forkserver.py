@@ -1,0 +1,230 @@
+"""A warm, torch-preloaded fork server: relaunching a generation costs a fork, not an import.
+
+Almost all of a rank's cold start is ``import torch`` (about 3 s on 2 cores). The server imports
+torch and the workload once, then forks one child per rank on request; the child is a fresh
+process (new session, own process group) that runs the workload's ``__main__`` with the rank's
+environment. The server is single-threaded (forking a threaded process is unsafe) and reaps its
+children itself, reporting exit codes back over its socket.
+
+Lifetime: the server dies with the process that started it (``PR_SET_PDEATHSIG``), and every
+rank dies with the server, so a killed pytest leaves nothing behind. Protocol: JSON lines over a
+socketpair; requests ``{"op": "spawn", ...}`` -> ``{"pid": N}``; unsolicited ``{"exit": pid,
+"code": c}`` (negative code = killed by that signal, as in ``subprocess``).
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(expected_parent: int | None = None) -> None:
+    """Ask Linux to SIGKILL this process when its parent exits (no-op off Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # The parent may have died before prctl: then we were re-parented already.
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(70)
+
+
+def exit_code(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+class ForkServer:
+    """Client side. ``spawn`` a rank, ``poll`` for exits, ``close`` to end everything."""
+
+    def __init__(self, preload: Sequence[str] = ("pytest_reshard.warmup",), startup_timeout: float = 120.0) -> None:
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        self._buffer = b""
+        self._exits: dict[int, int] = {}
+        self.preload = tuple(preload)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest_reshard.forkserver", str(theirs.fileno()),
+             str(os.getpid()), *self.preload],
+            pass_fds=[theirs.fileno()], start_new_session=True,
+            # One thread per pool: importing torch otherwise starts an OpenMP/OpenBLAS pool,
+            # and a process with threads is unsafe to fork.
+            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+                 "MKL_NUM_THREADS": "1"},
+        )
+        theirs.close()
+        reply = self._read_reply(startup_timeout)
+        if reply.get("ready") is not True:
+            self.close()
+            raise RuntimeError(f"fork server failed to start: {reply.get('error', reply)}")
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, log: Path,
+              timeout: float = 10.0) -> int:
+        """Fork a rank that runs ``python argv...`` (``-m module`` or a script path)."""
+        self._send({"op": "spawn", "argv": list(argv), "env": env, "cwd": cwd, "log": str(log)})
+        reply = self._read_reply(timeout)
+        if "pid" not in reply:
+            raise RuntimeError(f"fork server could not spawn {argv}: {reply.get('error', reply)}")
+        return int(reply["pid"])
+
+    def poll(self) -> dict[int, int]:
+        """Exit codes of every child that has exited so far (pid -> code)."""
+        self._pump(0.0)
+        return dict(self._exits)
+
+    def close(self) -> None:
+        """End the server; its children get SIGKILL through PDEATHSIG."""
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        self._sock.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _send(self, msg: dict) -> None:
+        self._sock.sendall((json.dumps(msg) + "\n").encode())
+
+    def _pump(self, timeout: float) -> list[dict]:
+        replies = []
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if ready:
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                raise RuntimeError("fork server exited unexpectedly")
+            self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            msg = json.loads(line)
+            if "exit" in msg:
+                self._exits[int(msg["exit"])] = int(msg["code"])
+            else:
+                replies.append(msg)
+        return replies
+
+    def _read_reply(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"fork server did not answer within {timeout:.0f} s")
+            replies = self._pump(min(left, 0.5))
+            if replies:
+                return replies[0]
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"fork server exited with code {self._proc.returncode}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Server side.
+
+def _run_child(req: dict) -> int:
+    """In the forked child: become the rank and run its main; returns the exit code."""
+    import runpy
+    import traceback
+
+    os.setsid()
+    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    if "torch" in sys.modules and "OMP_NUM_THREADS" in os.environ:
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    argv = req["argv"]
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+            runpy.run_path(argv[0], run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+
+
+def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
+    die_with_parent(parent)
+    sock = socket.socket(fileno=fd)
+    try:
+        for name in preload:
+            importlib.import_module(name)
+    except BaseException as e:  # report, don't hang the client
+        sock.sendall((json.dumps({"ready": False, "error": f"preload {name}: {e!r}"}) + "\n").encode())
+        return
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads > 1:  # forking a threaded process can deadlock the children: refuse
+        sock.sendall((json.dumps({"ready": False, "error": f"preloading {list(preload)} started "
+                                  f"{threads - 1} thread(s); fork is unsafe"}) + "\n").encode())
+        return
+    sock.sendall(b'{"ready": true}\n')
+    me = os.getpid()
+    buffer = b""
+    children: set[int] = set()
+    while True:
+        ready, _, _ = select.select([sock], [], [], 0.01)
+        if ready:
+            chunk = sock.recv(1 << 16)
+            if not chunk:  # client gone: take the ranks with us
+                for pid in children:
+                    _killpg(pid)
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                req = json.loads(line)
+                pid = os.fork()
+                if pid == 0:
+                    sock.close()
+                    die_with_parent(me)
+                    code = 1
+                    try:
+                        code = _run_child(req)
+                    finally:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(code)
+                children.add(pid)
+                sock.sendall((json.dumps({"pid": pid}) + "\n").encode())
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            sock.sendall((json.dumps({"exit": pid, "code": exit_code(status)}) + "\n").encode())
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

@@ -1,0 +1,458 @@
+"""The history: every event of every rank and generation, merged and queryable.
+
+The probe writes one JSONL file per rank per generation (``events/g{gen}-r{rank}.jsonl``) and the
+supervisor writes ``events/supervisor.jsonl``. ``History`` reads them once and answers the
+questions the checkers ask ("which steps committed?", "whose effect persisted?", "which samples
+did the kept steps consume?"). It is pure data: no processes, no torch, no pytest.
+
+Why the definitions are what they are:
+
+- A step is *committed* in a generation when every rank of that generation's world size recorded
+  its ``end`` (DESIGN.md, contract).
+- A generation's *resume step* is the step its ranks declared with ``run.resumed``; ranks should
+  agree, and when they do not the lowest wins (the most state any of them threw away). A generation
+  that never declared one but ran steps resumes, in effect, at the first step it began.
+- An occurrence ``(gen, step)`` is *kept* (its effect persisted into the final state) when the step
+  ended on at least one rank in ``gen`` and every later generation that resumed did so after it
+  (``step < resume step`` of all of them). When no later generation resumed, the run ended with
+  ``gen``'s state, and only its committed steps count: an uncommitted step's effect is unknown.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "History", "HistoryError", "Scenario", "Generation", "Occurrence", "Checkpoint",
+    "FaultFired", "Detection", "Torn", "SUPERVISOR_FILE",
+]
+
+SUPERVISOR_FILE = "supervisor.jsonl"
+_RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
+#: Events whose meaning needs a step number.
+_STEP_EVENTS = frozenset({"begin", "point", "end", "record", "error", "fault", "ckpt_save",
+                          "ckpt_load", "resumed"})
+#: Supervisor events (``supervisor.jsonl``); ``detect`` names a rank, the others none.
+_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired"})
+
+Event = Mapping[str, Any]
+
+
+class HistoryError(ValueError):
+    """The recorded events cannot be read; the message names the file, line and what to do."""
+
+
+@dataclass(frozen=True)
+class Torn:
+    """A partial last line, left by a rank killed mid-write (tolerated, kept for the report)."""
+
+    file: str
+    line: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What the run was asked to do (the supervisor's ``scenario`` event)."""
+
+    workload: str
+    steps: int
+    world_size: int
+    seed: int
+    schedule: Mapping[str, Any]
+    schedule_hash: str | None
+    replay: str | None
+
+    def fault(self, fault_id: int | None) -> Mapping[str, Any] | None:
+        faults = self.schedule.get("faults", [])
+        if fault_id is None or not 0 <= fault_id < len(faults):
+            return None
+        fault: Mapping[str, Any] = faults[fault_id]
+        return fault
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One launch of the ranks, from the supervisor's view and the ranks' own events."""
+
+    gen: int
+    world_size: int
+    roles: tuple[str, ...]
+    launcher: str | None
+    resume_step: int | None      # declared by ``resumed`` (lowest rank value), else first begun step
+    resume_declared: bool
+    resume_source: str | None
+    cause: str | None            # gen_end cause; None when the supervisor recorded no end
+    planned: bool                # gen_end planned; False when unknown
+    fault_id: int | None
+    detail: str
+
+    @property
+    def ended(self) -> bool:
+        return self.cause is not None
+
+
+@dataclass(frozen=True, order=True)
+class Occurrence:
+    """One execution of ``step`` in generation ``gen``."""
+
+    step: int
+    gen: int
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A ``ckpt_save`` or ``ckpt_load`` event of one rank."""
+
+    kind: str                    # "save" | "load"
+    gen: int
+    rank: int
+    step: int
+    digest: Mapping[str, str]
+    expected: Mapping[str, str] | None
+    t: float
+    index: int                   # position in the history, to order events without clocks
+
+
+@dataclass(frozen=True)
+class FaultFired:
+    gen: int
+    rank: int
+    step: int
+    phase: str
+    kind: str
+    id: int | None
+    params: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The supervisor noticed a rank die, stop, stall or exit early."""
+
+    gen: int
+    kind: str                    # "died" | "stopped" | "stalled" | "exited_early"
+    rank: int | None
+    step: int | None
+    phase: str | None
+    exit_code: int | None
+    latency_s: float | None
+    expected: bool
+
+
+@dataclass
+class _Index:
+    """Per-(gen, step) facts, built once."""
+
+    ends: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    begins: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    records: dict[tuple[int, int], list[Event]] = field(default_factory=dict)
+    starts: dict[int, dict[int, Event]] = field(default_factory=dict)
+    resumed: dict[int, dict[int, Event]] = field(default_factory=dict)
+    ranks_seen: dict[int, set[int]] = field(default_factory=dict)
+
+
+class History:
+    """The merged, typed events of one run. Build with ``load`` or ``from_events``."""
+
+    def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = ()) -> None:
+        self.events: tuple[Event, ...] = tuple(events)
+        self.torn: tuple[Torn, ...] = tuple(torn)
+        self._ix = _Index()
+        self._supervisor: list[Event] = []
+        self._ranked: list[tuple[int, Event]] = []
+        for i, e in enumerate(self.events):
+            _validate(e, f"event #{i}")
+            if _is_supervisor(e):
+                self._supervisor.append(e)
+            else:
+                self._ranked.append((i, e))
+                self._index_rank_event(e)
+        self.scenario = self._scenario()
+        self.generations: dict[int, Generation] = self._generations()
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> "History":
+        """A history from event dicts, in order (supervisor events are told apart by ``ev``)."""
+        return cls([dict(e) for e in events])
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "History":
+        """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines."""
+        root = Path(run_dir)
+        events_dir = root / "events" if (root / "events").is_dir() else root
+        if not events_dir.is_dir():
+            raise HistoryError(f"{root}: no such run directory; pass the folder the run wrote")
+        files = sorted(p for p in events_dir.glob("*.jsonl")
+                       if p.name == SUPERVISOR_FILE or _RANK_FILE.fullmatch(p.name))
+        if not files:
+            raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {SUPERVISOR_FILE}); "
+                               "did the run start any rank?")
+        events: list[Event] = []
+        torn: list[Torn] = []
+        for path in files:
+            file_events, file_torn = _read_jsonl(path)
+            m = _RANK_FILE.fullmatch(path.name)
+            for lineno, e in file_events:
+                _validate(e, f"{path}:{lineno}")
+                if m:   # a rank file: its name says which generation and rank wrote it
+                    gen, rank = int(m.group(1)), int(m.group(2))
+                    if _is_supervisor(e):
+                        raise HistoryError(f"{path}:{lineno}: supervisor event {e['ev']!r} in a "
+                                           "rank's file")
+                    if (e["gen"], e["rank"]) != (gen, rank):
+                        raise HistoryError(f"{path}:{lineno}: event of generation {e['gen']} rank "
+                                           f"{e['rank']} in the file of generation {gen} rank {rank}")
+                elif not _is_supervisor(e):
+                    raise HistoryError(f"{path}:{lineno}: rank event {e['ev']!r} in the "
+                                       "supervisor's file")
+                events.append(e)
+            torn.extend(file_torn)
+        events.sort(key=lambda e: float(e.get("t", 0.0)))  # stable: file order within equal times
+        return cls(events, torn=torn)
+
+    def _index_rank_event(self, e: Event) -> None:
+        ix = self._ix
+        gen, rank, ev = int(e["gen"]), int(e["rank"]), e["ev"]
+        ix.ranks_seen.setdefault(gen, set()).add(rank)
+        if ev == "start":
+            ix.starts.setdefault(gen, {})[rank] = e
+        elif ev == "resumed":
+            ix.resumed.setdefault(gen, {}).setdefault(rank, e)
+        elif ev == "begin":
+            ix.begins.setdefault((gen, int(e["step"])), set()).add(rank)
+        elif ev == "end":
+            ix.ends.setdefault((gen, int(e["step"])), set()).add(rank)
+        elif ev == "record":
+            ix.records.setdefault((gen, int(e["step"])), []).append(e)
+
+    # -- supervisor view --------------------------------------------------------------------
+    def _scenario(self) -> Scenario | None:
+        for e in self._supervisor:
+            if e["ev"] == "scenario":
+                return Scenario(
+                    workload=str(e.get("workload", "")), steps=int(e.get("steps", 0)),
+                    world_size=int(e.get("world_size", 0)), seed=int(e.get("seed", 0)),
+                    schedule=dict(e.get("schedule") or {}), schedule_hash=e.get("schedule_hash"),
+                    replay=e.get("replay"))
+        return None
+
+    def _generations(self) -> dict[int, Generation]:
+        starts = {int(e["gen"]): e for e in self._supervisor if e["ev"] == "gen_start"}
+        ends = {int(e["gen"]): e for e in self._supervisor if e["ev"] == "gen_end"}
+        ix = self._ix
+        gens: dict[int, Generation] = {}
+        for gen in sorted(set(starts) | set(ends) | set(ix.ranks_seen)):
+            start, end = starts.get(gen, {}), ends.get(gen, {})
+            rank_starts = ix.starts.get(gen, {})
+            world = start.get("world_size") or max(
+                [int(s.get("world_size", 0)) for s in rank_starts.values()]
+                + [max(ix.ranks_seen.get(gen, {-1})) + 1])
+            roles = tuple(start.get("roles") or (
+                str(rank_starts[r].get("role", "")) if r in rank_starts else ""
+                for r in range(int(world))))
+            resumed = ix.resumed.get(gen, {})
+            resume: int | None
+            if resumed:
+                first = min(resumed.values(), key=lambda e: int(e["step"]))
+                resume, declared, source = int(first["step"]), True, first.get("source")
+            else:
+                begun = [s for (g, s) in ix.begins if g == gen]
+                resume, declared, source = (min(begun) if begun else None), False, None
+            fault_id = end.get("fault_id")
+            gens[gen] = Generation(
+                gen=gen, world_size=int(world), roles=roles, launcher=start.get("launcher"),
+                resume_step=resume, resume_declared=declared, resume_source=source,
+                cause=end.get("cause"), planned=bool(end.get("planned", False)),
+                fault_id=None if fault_id is None else int(fault_id),
+                detail=str(end.get("detail") or ""))
+        return gens
+
+    @property
+    def replay(self) -> str | None:
+        return self.scenario.replay if self.scenario else None
+
+    @property
+    def final_generation(self) -> Generation | None:
+        return self.generations[max(self.generations)] if self.generations else None
+
+    def detections(self) -> list[Detection]:
+        return [Detection(gen=int(e["gen"]), kind=str(e.get("kind", "")),
+                          rank=_opt_int(e.get("rank")),
+                          step=_opt_int(e.get("step")), phase=e.get("phase"),
+                          exit_code=_opt_int(e.get("exit_code")),
+                          latency_s=e.get("latency_s"), expected=bool(e.get("expected", False)))
+                for e in self._supervisor if e["ev"] == "detect"]
+
+    def unfired(self) -> list[Event]:
+        return [e for e in self._supervisor if e["ev"] == "unfired"]
+
+    def describe_fault(self, fault_id: int | None) -> str | None:
+        """``kill(rank:1) at step 25 backward`` for a schedule index, or None."""
+        if fault_id is None:
+            return None
+        fault = self.scenario.fault(fault_id) if self.scenario else None
+        if fault is None:
+            fired = [f for f in self.faults_fired() if f.id == fault_id]
+            if not fired:
+                return f"fault #{fault_id}"
+            f0 = fired[0]
+            fault = {"kind": f0.kind, "target": f"rank:{f0.rank}", "step": f0.step,
+                     "phase": f0.phase, "params": f0.params}
+        extra = "".join(f" {k}={v}" for k, v in sorted(dict(fault.get("params") or {}).items()))
+        return f"{fault.get('kind')}({fault.get('target')}) at step {fault.get('step')} " \
+               f"{fault.get('phase')}{extra}"
+
+    # -- rank view --------------------------------------------------------------------------
+    def rank_events(self, ev: str | None = None, *, gen: int | None = None,
+                    rank: int | None = None) -> list[Event]:
+        return [e for _, e in self._ranked if (ev is None or e["ev"] == ev)
+                and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+
+    def starts(self, gen: int) -> dict[int, Event]:
+        """rank -> its ``start`` event in ``gen``."""
+        return dict(self._ix.starts.get(gen, {}))
+
+    def ranks_seen(self, gen: int) -> frozenset[int]:
+        return frozenset(self._ix.ranks_seen.get(gen, ()))
+
+    def role(self, gen: int, rank: int) -> str:
+        start = self._ix.starts.get(gen, {}).get(rank)
+        if start is not None and start.get("role"):
+            return str(start["role"])
+        roles = self.generations[gen].roles if gen in self.generations else ()
+        return roles[rank] if rank < len(roles) else ""
+
+    def max_rewind_steps(self, gen: int) -> int:
+        """What an unplanned failure may cost, as declared in ``gen`` (undeclared -> 0)."""
+        values = [s.get("max_rewind_steps") for s in self._ix.starts.get(gen, {}).values()]
+        declared = [int(v) for v in values if v is not None]
+        return min(declared) if declared else 0
+
+    def ended_by(self, gen: int, step: int) -> frozenset[int]:
+        return frozenset(self._ix.ends.get((gen, step), ()))
+
+    def begun(self, gen: int) -> frozenset[int]:
+        return frozenset(s for (g, s) in self._ix.begins if g == gen)
+
+    def ended(self, gen: int | None = None) -> frozenset[int]:
+        """Steps at least one rank ended (in ``gen``, or in any generation)."""
+        return frozenset(s for (g, s) in self._ix.ends if gen is None or g == gen)
+
+    def committed(self, gen: int) -> frozenset[int]:
+        """Steps every rank of ``gen``'s world size ended."""
+        world = set(range(self.generations[gen].world_size)) if gen in self.generations else set()
+        return frozenset(s for (g, s), ranks in self._ix.ends.items()
+                         if g == gen and world and world <= ranks)
+
+    def kept(self) -> list[Occurrence]:
+        """Occurrences whose effect persisted into the final state (see the module docstring)."""
+        gens = sorted(self.generations)
+        out: list[Occurrence] = []
+        for i, gen in enumerate(gens):
+            later = [r for g in gens[i + 1:] if (r := self.generations[g].resume_step) is not None]
+            if later:
+                bound = min(later)
+                steps = {s for s in self.ended(gen) if s < bound}
+            else:
+                steps = set(self.committed(gen))
+            out.extend(Occurrence(s, gen) for s in steps)
+        return sorted(out)
+
+    def loss(self, gen: int, step: int) -> float | None:
+        """The step's loss: rank 0's, else the lowest rank's that recorded one (last record wins)."""
+        by_rank: dict[int, float] = {}
+        for e in self._ix.records.get((gen, step), ()):
+            if e.get("loss") is not None:
+                by_rank[int(e["rank"])] = float(e["loss"])
+        return by_rank[min(by_rank)] if by_rank else None
+
+    def kept_losses(self) -> dict[int, tuple[Occurrence, float]]:
+        """step -> (occurrence, loss) over kept occurrences; a later generation wins a tie."""
+        out: dict[int, tuple[Occurrence, float]] = {}
+        for occ in sorted(self.kept(), key=lambda o: (o.gen, o.step)):
+            loss = self.loss(occ.gen, occ.step)
+            if loss is not None:
+                out[occ.step] = (occ, loss)
+        return out
+
+    def samples(self, gen: int, step: int) -> dict[int, list[tuple[int, int]]]:
+        """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for e in self._ix.records.get((gen, step), ()):
+            if e.get("samples") is not None:
+                epoch = int(e.get("epoch", 0) or 0)
+                out.setdefault(int(e["rank"]), []).extend((epoch, int(s)) for s in e["samples"])
+        return out
+
+    def kept_samples(self) -> dict[Occurrence, frozenset[tuple[int, int]]]:
+        """occurrence -> the union over ranks of its (epoch, sample id) pairs."""
+        return {occ: frozenset(p for pairs in self.samples(occ.gen, occ.step).values()
+                               for p in pairs) for occ in self.kept()}
+
+    def has_samples(self) -> bool:
+        return any(e.get("samples") is not None for recs in self._ix.records.values() for e in recs)
+
+    def checkpoints(self, kind: str) -> list[Checkpoint]:
+        """All ``"save"`` or ``"load"`` events, in history order."""
+        ev = {"save": "ckpt_save", "load": "ckpt_load"}[kind]
+        return [Checkpoint(kind=kind, gen=int(e["gen"]), rank=int(e["rank"]), step=int(e["step"]),
+                           digest=dict(e.get("digest") or {}),
+                           expected=dict(e["expected"]) if e.get("expected") else None,
+                           t=float(e.get("t", 0.0)), index=i)
+                for i, e in self._ranked if e["ev"] == ev]
+
+    def faults_fired(self) -> list[FaultFired]:
+        return [FaultFired(gen=int(e["gen"]), rank=int(e["rank"]), step=int(e["step"]),
+                           phase=str(e.get("phase", "")), kind=str(e.get("kind", "")),
+                           id=_opt_int(e.get("id")), params=dict(e.get("params") or {}))
+                for e in self.rank_events("fault")]
+
+
+# -- reading ---------------------------------------------------------------------------------
+def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:
+    """(line number, event) pairs; a torn last line is returned separately, a bad one elsewhere raises."""
+    lines = path.read_bytes().split(b"\n")
+    numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
+    events: list[tuple[int, dict[str, Any]]] = []
+    torn: list[Torn] = []
+    for k, (lineno, raw) in enumerate(numbered):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            if k == len(numbered) - 1:
+                torn.append(Torn(str(path), lineno, raw.decode("utf-8", "replace")[:200]))
+                continue
+            raise HistoryError(f"{path}:{lineno}: not valid JSON ({e}); only the last line of a "
+                               "file may be torn (a rank killed mid-write). The file was edited "
+                               "or two writers shared it.") from None
+        if not isinstance(obj, dict):
+            raise HistoryError(f"{path}:{lineno}: expected a JSON object per line, got "
+                               f"{type(obj).__name__}")
+        events.append((lineno, obj))
+    return events, torn
+
+
+def _validate(e: Event, where: str) -> None:
+    ev = e.get("ev")
+    if not isinstance(ev, str):
+        raise HistoryError(f"{where}: event has no 'ev' kind: {dict(e)!r}")
+    if ev not in _SUPERVISOR_EVENTS:
+        for key in ("gen", "rank"):
+            if not isinstance(e.get(key), int):
+                raise HistoryError(f"{where}: {ev} event needs an integer {key!r}: {dict(e)!r}")
+        if ev in _STEP_EVENTS and not isinstance(e.get("step"), int):
+            raise HistoryError(f"{where}: {ev} event needs an integer 'step': {dict(e)!r}")
+    elif ev in ("gen_start", "gen_end", "detect") and not isinstance(e.get("gen"), int):
+        raise HistoryError(f"{where}: supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
+
+
+def _is_supervisor(e: Event) -> bool:
+    return e["ev"] in _SUPERVISOR_EVENTS
+
+
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)

@@ -1,0 +1,141 @@
+"""Run a scenario end to end: supervisor -> history -> checkers -> Result.
+
+The runner also owns what outlives one scenario inside a session: the warm fork servers (one per
+set of preloaded modules) and the clean reference runs that loss continuity compares against
+(one per workload configuration and world size, run once and reused).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import dataclasses
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .history import History
+from .result import Result
+from .schedule import Fault, Schedule
+from .supervisor import Scenario, Supervisor, make_launcher, workload_argv
+from . import checkers
+
+
+class Session:
+    """Shared state of many scenarios: launchers and the reference-run cache. Close it."""
+
+    def __init__(self, artifacts: Path, *, progress: Callable[[str], None] | None = None) -> None:
+        self.artifacts = Path(artifacts)
+        self.progress = progress or (lambda msg: None)
+        self._launchers: dict[tuple, Any] = {}
+        self._references: dict[str, History] = {}
+
+    def launcher(self, scenario: Scenario, tail: Any) -> Any | None:
+        if scenario.launcher != "fork":
+            return None  # stateless, made per supervisor
+        _, preload = workload_argv(scenario)
+        key = ("fork", tuple(preload))
+        if key not in self._launchers:
+            self._launchers[key] = make_launcher("fork", preload, tail)
+        return self._launchers[key]
+
+    def close(self) -> None:
+        for launcher in self._launchers.values():
+            launcher.close()
+        self._launchers.clear()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- running ---------------------------------------------------------------------------
+    def execute(self, scenario: Scenario, run_dir: Path, replay: str = "") -> History:
+        """Run the scenario's processes into ``run_dir`` and load the recorded history."""
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        sup = Supervisor(scenario, run_dir, progress=self.progress, launcher=None)
+        shared = self.launcher(scenario, sup.tail)
+        if shared is not None:
+            sup.launcher.close()
+            sup.launcher, sup._own_launcher = shared, False
+        sup.run(replay=replay)
+        return History.load(run_dir)
+
+    def reference(self, scenario: Scenario, world_size: int) -> History:
+        """A fault-free run of the same workload, seed and data at ``world_size`` (cached)."""
+        clean = Scenario(**{**scenario.__dict__, "world_size": world_size,
+                            "schedule": Schedule(scenario.schedule.seed)})
+        key = hashlib.sha256(json.dumps(
+            {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s",)},
+            sort_keys=True).encode()).hexdigest()[:12]
+        if key not in self._references:
+            self.progress(f"reference run: {scenario.workload}, world size {world_size}")
+            self._references[key] = self.execute(clean, self.artifacts / "_references" / key)
+        return self._references[key]
+
+    def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:
+        run_dir = self.artifacts / _safe(name)
+        replay = replay or f"pytest-reshard replay {shlex.quote(str(run_dir / 'scenario.json'))}"
+        started = time.monotonic()
+        history = self.execute(scenario, run_dir, replay=replay)
+        verdicts = self.check(scenario, history)
+        for name_, v in verdicts.items():
+            verdicts[name_] = dataclasses.replace(v, replay=replay)
+        result = Result(name=name, scenario=scenario, run_dir=run_dir, history=history,
+                        verdicts=verdicts, wall_s=time.monotonic() - started, replay=replay)
+        result.save()
+        return result
+
+    def check(self, scenario: Scenario, history: History) -> dict[str, Any]:
+        verdicts = {
+            "no_rewind": checkers.no_rewind(history),
+            "exactly_once_samples": None,
+            "loss_continuity": None,
+            "state_equivalence": checkers.state_equivalence(history),
+            "liveness": checkers.liveness(history),
+        }
+        reference = self.reference(scenario, scenario.world_size)
+        other = _other_world_size(scenario, history)
+        spread = None
+        if other is not None:
+            spread = checkers.measure_spread(reference, self.reference(scenario, other))
+        verdicts["loss_continuity"] = checkers.loss_continuity(history, reference=reference,
+                                                               spread=spread)
+        verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
+                                                                         reference=reference)
+        return verdicts
+
+
+def _other_world_size(scenario: Scenario, history: History) -> int | None:
+    """A second world size whose clean run sets the noise floor: one the run used, else half."""
+    used = sorted({g.world_size for g in history.generations.values()} - {scenario.world_size})
+    if used:
+        return used[0]
+    return scenario.world_size // 2 if scenario.world_size >= 2 else None
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
+
+
+def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequence[Fault] = (),
+                  seed: int = 0, **options: Any) -> Scenario:
+    """Build a Scenario, rejecting bad input with messages that say what to change."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    faults = list(faults)
+    for f in faults:
+        if not isinstance(f, Fault):
+            raise TypeError(f"faults must be built with pytest_reshard.chaos, got {f!r}")
+        if f.step >= steps:
+            raise ValueError(f"{f.describe()} is after the last step ({steps - 1}); "
+                             f"raise steps or move the fault")
+    return Scenario(workload=workload, world_size=world_size, steps=steps,
+                    schedule=Schedule(seed, faults), **options)
+

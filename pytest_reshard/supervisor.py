@@ -1,0 +1,449 @@
+"""The supervisor owns one scenario: it runs generations of ranks until the run completes or fails.
+
+For each generation it writes the fault plan (which ranks fire which fault at which point),
+launches the ranks, then watches them every 20 ms:
+
+- exits (a death is seen within one poll, about 20 ms after the process is gone);
+- heartbeats: a live rank whose heartbeat file is older than ``hang_s`` is *stopped* (SIGSTOP,
+  a wedged interpreter); the verdict names its last step and phase;
+- progress: no event from any rank for ``stall_s`` once training started is a *stall*
+  (a deadlocked collective that gloo would only notice after its timeout);
+- deadlines: a reshard notice or a preemption's grace period that expires with ranks still
+  alive ends the generation with SIGKILL, as a real scheduler would.
+
+It records what it saw to ``events/supervisor.jsonl`` (the harness's half of the history), and
+every process it started is gone when ``run`` returns, whether it succeeds, fails, times out or
+is interrupted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .launchers import ForkLauncher, Generation, LocalLauncher, RankSpec, TorchrunLauncher, free_port
+from .schedule import Schedule, resolve_target
+
+POLL_S = 0.02
+PLANNED = {"shift_shards": "reshard", "preempt": "preempt"}
+
+
+@dataclass
+class Scenario:
+    """Everything that defines a run; JSON-serialisable so it can be saved and replayed."""
+
+    workload: str                  # a bundled workload name ("lm") or a path to a script
+    world_size: int
+    steps: int
+    schedule: Schedule = field(default_factory=Schedule)
+    args: list[str] = field(default_factory=list)
+    timeout_s: float = 120.0
+    backend: str = "gloo"
+    launcher: str = "fork"         # fork | local | torchrun
+    roles: list[str] | None = None  # role of each rank; default all "trainer"
+    hang_s: float = 1.0            # heartbeat silence that means a rank stopped
+    stall_s: float = 10.0          # no progress from any rank this long means a stall
+    startup_s: float = 60.0        # first event of a generation must come within this
+    failure_grace_s: float = 5.0   # after an unplanned death, survivors get this long to exit
+    max_generations: int = 12
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["schedule"] = self.schedule.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Scenario":
+        d = dict(d)
+        d["schedule"] = Schedule.from_dict(d.get("schedule", {}))
+        return cls(**d)
+
+
+BUNDLED = {"lm": "pytest_reshard.fixtures.lm"}
+
+
+def workload_argv(scenario: Scenario) -> tuple[list[str], list[str]]:
+    """(argv after the interpreter, modules worth preloading in the fork server)."""
+    module = BUNDLED.get(scenario.workload)
+    if module:
+        return ["-m", module, "--steps", str(scenario.steps), *scenario.args], ["pytest_reshard.warmup", module]
+    path = Path(scenario.workload)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"workload {scenario.workload!r} is neither a bundled workload "
+            f"({', '.join(sorted(BUNDLED))}) nor an existing script path")
+    return [str(path.resolve()), *scenario.args], ["pytest_reshard.warmup"]
+
+
+class EventTail:
+    """Incrementally reads the JSONL files of the run, keeping the parsed events by file."""
+
+    def __init__(self, events_dir: Path) -> None:
+        self.dir = events_dir
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+        self.by_rank: dict[tuple[int, int], list[dict]] = {}
+
+    def poll(self, gen: int) -> list[dict]:
+        new = []
+        for path in sorted(self.dir.glob(f"g{gen}-r*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                chunk = f.read()
+            if not chunk:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(chunk)
+            data = self._partial.pop(path, b"") + chunk
+            *lines, rest = data.split(b"\n")
+            if rest:
+                self._partial[path] = rest
+            for line in lines:
+                ev = json.loads(line)
+                self.by_rank.setdefault((ev["gen"], ev["rank"]), []).append(ev)
+                new.append(ev)
+        return new
+
+    def events(self, gen: int, rank: int) -> list[dict]:
+        return self.by_rank.get((gen, rank), [])
+
+    def pids(self, gen: int) -> dict[int, int]:
+        self.poll(gen)
+        return {r: evs[0]["pid"] for (g, r), evs in self.by_rank.items()
+                if g == gen and evs and evs[0]["ev"] == "start"}
+
+    def clean_exit(self, gen: int, rank: int) -> bool:
+        evs = self.events(gen, rank)
+        return bool(evs) and evs[-1]["ev"] == "exit"
+
+    def last_position(self, gen: int, rank: int) -> tuple[int | None, str | None]:
+        """(step, phase) where the rank was last seen."""
+        for ev in reversed(self.events(gen, rank)):
+            if ev["ev"] == "point":
+                return ev["step"], ev["phase"]
+            if ev["ev"] in ("begin", "end", "error", "fault"):
+                phase = {"begin": "begin", "end": "end"}.get(ev["ev"], ev.get("phase"))
+                return ev["step"], phase
+        return None, "startup"
+
+
+@dataclass
+class Outcome:
+    """How a generation ended and what comes next."""
+
+    cause: str                      # complete | reshard | preempt | failure | hang | timeout | error
+    planned: bool = False
+    fault_id: int | None = None
+    detail: str = ""
+    next_world_size: int | None = None  # None: the run is over
+
+
+class Supervisor:
+    def __init__(self, scenario: Scenario, run_dir: Path, *,
+                 progress: Callable[[str], None] | None = None,
+                 launcher: Any | None = None) -> None:
+        self.scenario = scenario
+        self.run_dir = Path(run_dir)
+        self.events_dir = self.run_dir / "events"
+        self.logs_dir = self.run_dir / "logs"
+        for d in (self.events_dir, self.logs_dir, self.run_dir / "work"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.tail = EventTail(self.events_dir)
+        self._progress = progress or (lambda msg: None)
+        self._sup = open(self.events_dir / "supervisor.jsonl", "a")
+        self.argv, preload = workload_argv(scenario)
+        self._own_launcher = launcher is None
+        self.launcher = launcher or make_launcher(scenario.launcher, preload, self.tail)
+        self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
+        self._live: Generation | None = None
+
+    # -- recording -------------------------------------------------------------------------
+    def record(self, ev: str, **fields: Any) -> None:
+        fields.update(ev=ev, t=time.time())
+        self._sup.write(json.dumps(fields) + "\n")
+        self._sup.flush()
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, replay: str = "") -> None:
+        sc = self.scenario
+        deadline = time.monotonic() + sc.timeout_s
+        self.record("scenario", workload=sc.workload, steps=sc.steps, world_size=sc.world_size,
+                    seed=sc.schedule.seed, schedule=sc.schedule.to_dict(),
+                    schedule_hash=sc.schedule.hash, launcher=sc.launcher, backend=sc.backend,
+                    replay=replay)
+        (self.run_dir / "scenario.json").write_text(json.dumps(sc.to_dict(), indent=2))
+        world_size: int | None = sc.world_size
+        gen = 0
+        try:
+            while world_size is not None:
+                if gen >= sc.max_generations:
+                    self.record("abort", detail=f"gave up after {sc.max_generations} generations")
+                    self._progress(f"gave up after {sc.max_generations} generations")
+                    break
+                outcome = self._generation(gen, world_size, deadline)
+                self.record("gen_end", gen=gen, cause=outcome.cause, planned=outcome.planned,
+                            fault_id=outcome.fault_id, detail=outcome.detail)
+                self._progress(f"generation {gen} (world size {world_size}): {outcome.cause}"
+                               + (f" - {outcome.detail}" if outcome.detail else ""))
+                world_size = outcome.next_world_size
+                gen += 1
+            for i, fault in enumerate(sc.schedule.faults):
+                if i not in self.fired:
+                    self.record("unfired", fault_id=i, detail=fault.describe())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.kill()
+            self._live = None
+        if self._own_launcher:
+            self.launcher.close()
+        if not self._sup.closed:
+            self._sup.close()
+
+    def _roles(self, world_size: int) -> list[str]:
+        roles = self.scenario.roles
+        if roles and len(roles) == world_size:
+            return list(roles)
+        return ["trainer"] * world_size
+
+    def _plan(self, gen: int, world_size: int, roles: list[str]) -> None:
+        sc = self.scenario
+        faults = []
+        for i, fault in enumerate(sc.schedule.faults):
+            if i in self.fired:
+                continue
+            ranks = resolve_target(fault.target, world_size, roles, sc.schedule.seed, i)
+            faults.append({"id": i, "kind": fault.kind, "ranks": ranks, "step": fault.step,
+                           "phase": fault.phase, "params": dict(fault.params)})
+        plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles, "faults": faults}
+        (self.run_dir / f"plan-g{gen}.json").write_text(json.dumps(plan, indent=1))
+
+    def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
+               agent_store: bool) -> list[RankSpec]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("RESHARD_", "PYTEST_"))}
+        if agent_store:
+            base["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        base.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", OMP_NUM_THREADS="1",
+            TORCHELASTIC_RUN_ID=f"reshard-{self.scenario.schedule.hash}",
+            RESHARD_DIR=str(self.run_dir), RESHARD_GENERATION=str(gen),
+            RESHARD_SUPERVISOR_PID=str(os.getpid()), RESHARD_BACKEND=self.scenario.backend,
+            RESHARD_STEPS=str(self.scenario.steps), PYTHONUNBUFFERED="1",
+        )
+        return [RankSpec(rank=r, argv=self.argv, cwd=os.getcwd(),
+                         env={**base, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r),
+                              "RESHARD_ROLE": roles[r]},
+                         log=self.logs_dir / f"g{gen}-r{r}.log")
+                for r in range(world_size)]
+
+    def _generation(self, gen: int, world_size: int, deadline: float) -> Outcome:
+        sc = self.scenario
+        roles = self._roles(world_size)
+        self._plan(gen, world_size, roles)
+        launched = time.monotonic()
+        # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
+        # that is already listening instead of racing rank 0 for it (a 2 s retry back-off).
+        store = None if sc.launcher == "torchrun" else _store(world_size)
+        port = store.port if store is not None else free_port()
+        self.record("gen_start", gen=gen, world_size=world_size, roles=roles,
+                    launcher=sc.launcher, port=port)
+        self._live = self.launcher.launch(self._specs(gen, world_size, roles, port, store is not None))
+        watch = _Watch(self, gen, world_size, launched, deadline)
+        try:
+            return watch.run()
+        finally:
+            self._live.kill()
+            self._live = None
+            del store
+
+
+def _store(world_size: int) -> Any:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60))
+
+
+def make_launcher(name: str, preload: Sequence[str], tail: EventTail) -> Any:
+    if name == "fork":
+        return ForkLauncher(preload)
+    if name == "local":
+        return LocalLauncher()
+    if name == "torchrun":
+        return TorchrunLauncher(tail.pids, tail.clean_exit)
+    raise ValueError(f"unknown launcher {name!r}: use 'fork', 'local' or 'torchrun'")
+
+
+class _Watch:
+    """The poll loop of one generation; returns its Outcome."""
+
+    def __init__(self, sup: Supervisor, gen: int, world_size: int, launched: float,
+                 deadline: float) -> None:
+        self.sup, self.gen, self.world_size = sup, gen, world_size
+        self.sc = sup.scenario
+        self.deadline = deadline
+        self.last_progress = launched
+        self.started_training = False
+        self.planned: dict | None = None       # the planned-event fault that fired here
+        self.plan_deadline: float | None = None
+        self.failure: tuple[int, int, float, str] | None = None  # rank, code, when, detail
+        self.reported: set[int] = set()
+
+    def _detect(self, kind: str, rank: int, *, expected: bool, code: int | None = None,
+                since: float | None = None) -> str:
+        step, phase = self.sup.tail.last_position(self.gen, rank)
+        latency = None if since is None else round(time.time() - since, 4)
+        self.sup.record("detect", gen=self.gen, kind=kind, rank=rank, step=step, phase=phase,
+                        exit_code=code, latency_s=latency, expected=expected)
+        where = f"step {step}, phase {phase}" if step is not None else "before its first step"
+        return {"died": f"rank {rank} died (exit code {code}) at {where}",
+                "stopped": f"rank {rank} stopped responding at {where}",
+                "stalled": f"no rank made progress for {self.sc.stall_s:.0f} s; rank {rank} "
+                           f"was last at {where}",
+                "exited_early": f"rank {rank} exited with code 0 at {where} without a planned event",
+                }[kind] + f" (generation {self.gen})"
+
+    def _on_events(self, events: list[dict]) -> None:
+        now = time.monotonic()
+        for ev in events:
+            self.last_progress = now
+            kind = ev["ev"]
+            if kind == "begin":
+                self.started_training = True
+            elif kind == "fault" and ev["id"] not in self.sup.fired:
+                self.sup.fired[ev["id"]] = ev
+                if ev["kind"] in PLANNED and self.planned is None:
+                    self.planned = ev
+                    grace = ev["params"].get("notice_s", ev["params"].get("grace_s", 30.0))
+                    self.plan_deadline = now + float(grace)
+
+    def _killed_rank(self) -> int | None:
+        for (gen, rank), evs in self.sup.tail.by_rank.items():
+            if gen == self.gen and any(e["ev"] == "fault" and e["kind"] == "kill" for e in evs):
+                return rank
+        return None
+
+    def _fault_for(self, rank: int, kinds: Sequence[str]) -> dict | None:
+        for ev in self.sup.tail.events(self.gen, rank):
+            if ev["ev"] == "fault" and ev["kind"] in kinds:
+                return ev
+        return None
+
+    def run(self) -> Outcome:
+        sup, sc, gen = self.sup, self.sc, self.gen
+        live = sup._live
+        assert live is not None
+        while True:
+            self._on_events(sup.tail.poll(gen))
+            codes = live.exit_codes()
+            now = time.monotonic()
+            for rank, code in codes.items():
+                if code is None or rank in self.reported:
+                    continue
+                self.reported.add(rank)
+                clean = sup.tail.clean_exit(gen, rank)
+                if code == 0 or clean:  # a clean probe close then SIGABRT at exit is clean
+                    if (self.failure is None and self.planned is None
+                            and (self._last_end(rank) or -1) < sc.steps - 1):
+                        # A silent death: exit 0 mid-run, the drafter story of seed 001.
+                        self.failure = (rank, 0, now, self._detect("exited_early", rank,
+                                                                   expected=False))
+                    continue
+                if self.failure is None:
+                    # Peers of a killed rank die too ("Connection closed by peer"), sometimes
+                    # before its own exit is reaped: blame the rank a kill fault fired on.
+                    killed = self._killed_rank()
+                    if killed is not None and codes.get(killed) is not None:
+                        rank, code = killed, codes[killed]
+                    elif killed is not None:
+                        continue  # wait for the killed rank's exit to be reported
+                    fault = self._fault_for(rank, ("kill",))
+                    detail = self._detect("died", rank, expected=fault is not None, code=code,
+                                          since=fault["t"] if fault else None)
+                    self.failure = (rank, code, now, detail)
+            if all(c is not None for c in codes.values()):
+                return self._classify(codes)
+            if self.failure and now - self.failure[2] > sc.failure_grace_s:
+                return self._classify(codes)
+            if self.plan_deadline is not None and now > self.plan_deadline:
+                return self._missed_deadline(codes)
+            hung = self._stopped_rank(codes)
+            if hung is not None:
+                fault = self._fault_for(hung, ("hang",))
+                detail = self._detect("stopped", hung, expected=fault is not None,
+                                      since=os.path.getmtime(self._hb(hung)))
+                if fault is None:
+                    return Outcome("hang", detail=detail)
+                after = int(fault["params"].get("then_world_size") or self.world_size)
+                return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after)
+            quiet = now - self.last_progress
+            limit = sc.stall_s if self.started_training else sc.startup_s
+            if quiet > limit and self.failure is None and self.plan_deadline is None:
+                rank = min((r for r, c in codes.items() if c is None), default=0)
+                return Outcome("hang", detail=self._detect("stalled", rank, expected=False))
+            if now > self.deadline:
+                return Outcome("timeout", detail=f"scenario timeout of {sc.timeout_s:.0f} s "
+                               f"reached in generation {gen}")
+            time.sleep(POLL_S)
+
+    def _hb(self, rank: int) -> Path:
+        return self.sup.events_dir / f"g{self.gen}-r{rank}.hb"
+
+    def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
+        now = time.time()
+        for rank, code in codes.items():
+            if code is not None:
+                continue
+            try:
+                age = now - os.path.getmtime(self._hb(rank))
+            except FileNotFoundError:
+                continue  # not attached yet: covered by the startup limit
+            if age > self.sc.hang_s:
+                return rank
+        return None
+
+    def _missed_deadline(self, codes: dict[int, int | None]) -> Outcome:
+        ev = self.planned or {}
+        alive = sorted(r for r, c in codes.items() if c is None)
+        return Outcome("failure", fault_id=ev.get("id"),
+                       detail=f"{ev.get('kind')} at step {ev.get('step')} {ev.get('phase')}: "
+                              f"ranks {alive} were still running when the "
+                              f"{'notice' if ev.get('kind') == 'shift_shards' else 'grace period'}"
+                              f" ran out (generation {self.gen}); killed them")
+
+    def _classify(self, codes: dict[int, int | None]) -> Outcome:
+        sc, gen = self.sc, self.gen
+        if self.failure is not None:
+            rank, code, _, detail = self.failure
+            fault = self._fault_for(rank, ("kill",))
+            if fault is None:
+                return Outcome("failure", detail=detail)
+            after = int(fault["params"].get("then_world_size") or self.world_size)
+            return Outcome("failure", fault_id=fault["id"], detail=detail, next_world_size=after)
+        if self.planned is not None:
+            ev = self.planned
+            cause = PLANNED[ev["kind"]]
+            params = ev["params"]
+            after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
+            return Outcome(cause, planned=True, fault_id=ev["id"],
+                           detail=f"{ev['kind']} at step {ev['step']} {ev['phase']}",
+                           next_world_size=int(after))
+        # Everybody exited 0 with nothing planned: finished, or a silent early exit.
+        last = {r: self._last_end(r) for r in codes}
+        short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)
+        if short:
+            rank = short[0]
+            return Outcome("failure", detail=self._detect("exited_early", rank, expected=False))
+        return Outcome("complete")
+
+    def _last_end(self, rank: int) -> int | None:
+        ends = [ev["step"] for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] == "end"]
+        return max(ends) if ends else None

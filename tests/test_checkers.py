@@ -1,0 +1,350 @@
+from __future__ import annotations
+
+import pytest
+
+from .histories import DIGEST, Builder, clean_run, default_loss, reshard_run
+from pytest_reshard.checkers import (DEFAULT_CHECKS, exactly_once_samples, liveness,
+                                     loss_continuity, measure_spread, no_rewind, run_checks,
+                                     state_equivalence)
+from pytest_reshard.history import History
+from pytest_reshard.verdict import Verdict, combine
+
+KILL = {"kind": "kill", "target": "rank:1", "step": 14, "phase": "backward", "params": {}}
+
+
+def killed_run(*, resume: int, max_rewind: int | None = None, steps: int = 20) -> Builder:
+    """Rank 1 is SIGKILLed in step 14 (backward); generation 1 resumes at ``resume``."""
+    b = Builder(steps=steps, faults=[KILL])
+    b.gen(run=range(14), partial={14: [0]}, cause="failure", fault_id=0, max_rewind=max_rewind,
+          saves={9: DIGEST},
+          fault={"rank": 1, "step": 14, "phase": "backward", "kind": "kill", "id": 0})
+    b.detect(0, "died", 1, 14, "backward", expected=True, exit_code=-9)
+    b.gen(resume=resume, run=range(resume, steps), max_rewind=max_rewind, load=(resume - 1, DIGEST))
+    return b
+
+
+# -- verdict ---------------------------------------------------------------------------------
+def test_verdict_str_and_combine_priority() -> None:
+    ok = Verdict.passed("a", "fine")
+    unk = Verdict.unknown("b", "cannot tell")
+    bad = Verdict.failed("c", "broke", step=3, rank=1, generation=2, fault="kill(rank:1)",
+                         replay="replay me")
+    assert str(bad) == ("FAIL c: broke [step 3, rank 1, generation 2, fault kill(rank:1)] "
+                        "(replay: replay me)")
+    assert str(ok) == "PASS a: fine"
+    assert combine([ok, unk]).status == "unknown"
+    both = combine([ok, unk, bad])
+    assert (both.status, both.step, both.replay) == ("fail", 3, "replay me")
+    assert both.message.startswith("c fail: broke; b unknown")
+    assert combine([ok]).status == "pass" and combine([]).status == "unknown"
+    with pytest.raises(ValueError):
+        Verdict("maybe", "x", "y")
+
+
+# -- no_rewind -------------------------------------------------------------------------------
+def test_no_rewind_passes_a_clean_planned_reshard() -> None:
+    v = no_rewind(reshard_run().history())
+    assert v.status == "pass", v
+    assert "replayed no committed step" in v.message
+
+
+def test_no_rewind_single_generation() -> None:
+    assert no_rewind(clean_run()).status == "pass"
+
+
+def test_no_rewind_fails_a_planned_reshard_that_restarts_from_zero() -> None:
+    v = no_rewind(reshard_run(resume=0, run=range(0, 20), load=None).history())
+    assert v.status == "fail"
+    assert v.message.startswith(
+        "generation 1 resumed at step 0 after a planned reshard (shift_shards(all) at step 12 "
+        "optimizer notice_s=1 to_world_size=3): committed steps 0..12 replayed (13 steps, "
+        "budget 0)")
+    assert (v.step, v.generation) == (0, 1)
+    assert v.fault and v.fault.startswith("shift_shards") and v.replay
+
+
+def test_no_rewind_fails_an_unplanned_kill_beyond_the_declared_budget() -> None:
+    v = no_rewind(killed_run(resume=10, max_rewind=2).history())
+    assert v.status == "fail"
+    assert "after an unplanned failure (kill(rank:1) at step 14 backward)" in v.message
+    assert "committed steps 10..13 replayed (4 steps, budget 2)" in v.message
+    assert "max_rewind_steps=2" in v.message
+
+
+def test_no_rewind_undeclared_budget_is_zero() -> None:
+    v = no_rewind(killed_run(resume=13).history())
+    assert v.status == "fail" and "budget 0" in v.message and "max_rewind_steps unset" in v.message
+
+
+def test_no_rewind_allows_redoing_the_in_flight_step_and_a_declared_budget() -> None:
+    assert no_rewind(killed_run(resume=14).history()).status == "pass"   # 14 never committed
+    v = no_rewind(killed_run(resume=10, max_rewind=5).history())
+    assert v.status == "pass" and "replayed 4 of budget 5" in v.message
+
+
+def test_no_rewind_fails_a_resume_that_skips_steps() -> None:
+    v = no_rewind(reshard_run(resume=15, run=range(15, 20)).history())
+    assert v.status == "fail"
+    assert "generation 1 resumed at step 15 but the last step finished before was 12: steps " \
+           "13..14 were never run" in v.message
+
+
+def test_no_rewind_catches_a_workload_that_declares_one_resume_and_runs_another() -> None:
+    # declares resume at 13 but re-runs 10..12 too
+    b = reshard_run(resume=13, run=range(10, 20))
+    v = no_rewind(b.history())
+    assert v.status == "fail" and "committed steps 10..12 replayed (3 steps" in v.message
+
+
+def test_no_rewind_charges_a_discarded_step_only_once() -> None:
+    b = Builder(steps=30)
+    b.gen(run=range(21), cause="failure", max_rewind=11)
+    b.gen(resume=10, run=range(10, 16), partial={16: [0]}, cause="failure", max_rewind=11)
+    b.gen(resume=16, run=range(16, 30), max_rewind=11)
+    v = no_rewind(b.history())
+    assert v.status == "pass", v
+    assert [len(t["replayed"]) for t in v.details["transitions"]] == [11, 0]
+
+
+def test_no_rewind_skip_is_measured_against_the_surviving_lineage() -> None:
+    b = Builder(steps=30)
+    b.gen(run=range(21), cause="failure", max_rewind=20)
+    b.gen(resume=10, run=range(10, 13), cause="failure", max_rewind=20)
+    b.gen(resume=18, run=range(18, 30), max_rewind=20)   # 13..17 ran only in the discarded gen 0
+    v = no_rewind(b.history())
+    assert v.status == "fail" and "steps 13..17 were never run" in v.message
+
+
+# -- loss_continuity -------------------------------------------------------------------------
+def test_measure_spread() -> None:
+    a = clean_run(world_size=2)
+    b = clean_run(world_size=3, loss=lambda s: default_loss(s) + (3e-7 if s == 5 else 1e-8))
+    assert measure_spread(a, b) == pytest.approx(3e-7)
+    with pytest.raises(ValueError, match="share no step"):
+        measure_spread(a, clean_run(loss=lambda s: None))
+
+
+def test_loss_continuity_passes_within_the_noise_floor() -> None:
+    run = reshard_run(loss=lambda s: default_loss(s) + 2e-7).history()
+    v = loss_continuity(run, reference=clean_run(), spread=1e-7)
+    assert v.status == "pass", v
+    assert "20 steps within 10 noise floors" in v.message
+
+
+def test_loss_continuity_names_a_spike_at_the_resume_point() -> None:
+    run = reshard_run(loss=lambda s: default_loss(s) + (0.0123 if s == 13 else 0.0)).history()
+    v = loss_continuity(run, reference=clean_run(), spread=1e-6)
+    assert v.status == "fail"
+    assert v.message.startswith("loss spike at resume point step 13 (generation 1):")
+    assert "1.23e+04x the noise floor" in v.message
+    assert (v.step, v.generation) == (13, 1) and v.fault.startswith("shift_shards")
+
+
+def test_loss_continuity_names_drift_after_the_resume() -> None:
+    # the optimizer-moments trap: the first loss after the resume matches, then it drifts
+    run = reshard_run(loss=lambda s: default_loss(s) + (0.01 * (s - 13) if s > 13 else 0)).history()
+    v = loss_continuity(run, reference=clean_run(), spread=1e-6)
+    assert v.status == "fail"
+    assert "step 19 (generation 1, 6 steps after the resume at step 13)" in v.message
+    assert "first beyond tolerance at step 14" in v.message
+
+
+def test_loss_continuity_without_spread_is_unknown_beyond_rounding() -> None:
+    run = reshard_run(loss=lambda s: default_loss(s) + 1e-5).history()
+    v = loss_continuity(run, reference=clean_run())
+    assert v.status == "unknown" and "measure_spread" in v.message
+    same = loss_continuity(reshard_run().history(), reference=clean_run())
+    assert same.status == "pass" and "no measured spread" in same.message
+
+
+def test_loss_continuity_missing_steps() -> None:
+    skipped = reshard_run(resume=15, run=range(15, 20)).history()
+    v = loss_continuity(skipped, reference=clean_run(), spread=1e-6)
+    assert v.status == "fail" and "no loss for kept steps 13..14" in v.message
+    short = Builder()
+    short.gen(run=range(10), cause="failure")
+    v = loss_continuity(short.history(), reference=clean_run(), spread=1e-6)
+    assert v.status == "unknown" and "steps 10..19 were never compared" in v.message
+    assert loss_continuity(clean_run(), reference=None).status == "unknown"
+    nolo = clean_run(loss=lambda s: None)
+    assert loss_continuity(nolo, reference=clean_run()).status == "unknown"
+    with pytest.raises(ValueError):
+        loss_continuity(clean_run(), reference=clean_run(), spread=-1.0)
+
+
+# -- exactly_once_samples --------------------------------------------------------------------
+def test_exactly_once_passes_a_clean_reshard() -> None:
+    v = exactly_once_samples(reshard_run().history(), reference=clean_run())
+    assert v.status == "pass", v
+    assert "80 samples consumed exactly once over 20 kept steps" in v.message
+
+
+def test_exactly_once_duplicate_across_a_reshard() -> None:
+    # generation 1 restarts its data loader at the epoch start: step 13 re-reads step 0's batch
+    run = reshard_run(samples=lambda s, r, w: list(range((s - 13) * 4, (s - 12) * 4))[r::w])
+    v = exactly_once_samples(run.history())
+    assert v.status == "fail"
+    assert v.message.startswith("sample 0 (epoch 0) consumed twice: at step 0 (generation 0, "
+                                "rank 0) and again at step 13 (generation 1, rank 0)")
+    assert "data position was not restored" in v.message
+    assert (v.step, v.generation, v.rank) == (13, 1, 0) and v.fault.startswith("shift_shards")
+
+
+def test_exactly_once_duplicate_between_ranks_of_one_step() -> None:
+    # the new world size is ignored: every rank takes the whole batch
+    run = reshard_run(samples=lambda s, r, w: list(range(s * 4, s * 4 + 4)))
+    v = exactly_once_samples(run.history())
+    assert v.status == "fail"
+    assert "at step 13 (generation 1, rank 0) and at step 13 (generation 1, rank 1)" in v.message
+    assert "two ranks of one step" in v.message
+
+
+def test_exactly_once_allows_one_consumption_per_role() -> None:
+    b = Builder(world_size=2)
+    b.gen(run=range(5), roles=["target", "drafter"], samples=lambda s, r, w: [s])
+    assert exactly_once_samples(b.history()).status == "pass"
+
+
+def test_exactly_once_reports_lost_samples_against_a_reference() -> None:
+    # generation 1 draws one batch ahead: step 13's batch is never consumed
+    run = reshard_run(samples=lambda s, r, w: list(range((s + 1) * 4, (s + 2) * 4))[r::w])
+    v = exactly_once_samples(run.history(), reference=clean_run())
+    assert v.status == "fail"
+    assert v.message.startswith("4 samples the reference consumed by step 19 were never consumed: "
+                                "first sample 52 (epoch 0), reference step 13")
+
+
+def test_exactly_once_lost_sample_of_a_discarded_step() -> None:
+    b = Builder()
+    b.gen(run=range(5), partial={5: [0]}, cause="failure")
+    b.gen(resume=5, run=range(5, 20), samples=lambda s, r, w: list(range(s * 4 + 4, s * 4 + 8))[r::w]
+          if s >= 5 else None)
+    v = exactly_once_samples(b.history(), reference=clean_run())
+    assert v.status == "fail" and "drawn at step 5 in generation 0, whose effect was discarded" \
+        in v.message
+
+
+def test_exactly_once_unknown_without_samples() -> None:
+    b = Builder()
+    b.gen(run=range(3), samples=lambda s, r, w: None)
+    assert exactly_once_samples(b.history()).status == "unknown"
+
+
+# -- state_equivalence -----------------------------------------------------------------------
+def test_state_equivalence_passes_a_bit_exact_resharded_load() -> None:
+    v = state_equivalence(reshard_run().history())
+    assert v.status == "pass", v
+    assert state_equivalence(clean_run()).message == "single generation: no reshard to check"
+
+
+def test_state_equivalence_names_the_component_that_differs() -> None:
+    bad = dict(DIGEST, optimizer="ffff")
+    v = state_equivalence(reshard_run(load=(12, bad)).history())
+    assert v.status == "fail"
+    assert v.message.startswith("optimizer state differs after the resharded load of step 12 in "
+                                "generation 1 (world size 2 -> 3) on rank 0")
+    assert (v.step, v.generation, v.rank) == (12, 1, 0) and v.details["differ"] == ["optimizer"]
+
+
+def test_state_equivalence_uses_expected_when_nothing_was_saved() -> None:
+    b = Builder()
+    b.gen(run=range(5), cause="failure")
+    b.gen(resume=5, run=range(5, 20), load=(4, DIGEST), load_expected=DIGEST)
+    assert state_equivalence(b.history()).status == "pass"
+    b = Builder()
+    b.gen(run=range(5), cause="failure")
+    b.gen(resume=5, run=range(5, 20), load=(4, DIGEST), load_expected=dict(DIGEST, data="0"))
+    v = state_equivalence(b.history())
+    assert v.status == "fail" and "data state differs" in v.message and "expected digest" in v.message
+
+
+def test_state_equivalence_unknown_without_digests() -> None:
+    v = state_equivalence(reshard_run(load=None).history())
+    assert v.status == "unknown" and "run.checkpoint_saved" in v.message
+    assert "generation 1 resumed at step 13 without recording a load digest" in v.message
+    b = Builder()
+    b.gen(run=range(5), cause="failure")
+    b.gen(resume=5, run=range(5, 20), load=(4, DIGEST))      # no save, no expected
+    assert state_equivalence(b.history()).status == "unknown"
+
+
+# -- liveness --------------------------------------------------------------------------------
+def test_liveness_passes_a_complete_run_with_an_expected_kill() -> None:
+    v = liveness(killed_run(resume=14).history())
+    assert v.status == "pass", v
+    assert liveness(reshard_run().history()).status == "pass"
+
+
+def test_liveness_names_an_unexpected_stop() -> None:
+    b = Builder()
+    b.gen(run=range(17), partial={17: [0, 1]}, cause="hang")
+    b.detect(0, "stopped", 1, 17, "backward", expected=False)
+    b.gen(resume=17, run=range(17, 20))
+    v = liveness(b.history())
+    assert v.status == "fail"
+    assert v.message.startswith("rank 1 stopped responding at step 17, phase backward "
+                                "(generation 0)")
+    assert (v.rank, v.step, v.generation) == (1, 17, 0)
+
+
+def test_liveness_target_not_reached() -> None:
+    b = Builder(steps=20)
+    b.gen(run=range(15), cause="failure")
+    v = liveness(b.history())
+    assert v.status == "fail"
+    assert "step 19 never committed in the final generation 0 (last committed step 14)" in v.message
+
+
+def test_liveness_silent_death_of_a_drafter() -> None:
+    b = Builder(world_size=3, steps=5)
+    b.gen(run=range(5), partial={s: [0, 1] for s in range(5)}, roles=["target", "target",
+                                                                     "drafter"])
+    v = liveness(b.history())
+    assert v.status == "fail"
+    assert "rank 2 (role drafter) of generation 0 finished no step while ranks 0, 1 finished up " \
+           "to step 4: it died silently" in v.message
+
+
+def test_liveness_unfired_fault_missing_start_and_timeout() -> None:
+    b = Builder(steps=30, faults=[{"kind": "kill", "target": "rank:1", "step": 25,
+                                   "phase": "backward", "params": {}}])
+    b.gen(run=range(30), started=[0, 1], world_size=3, cause="timeout")
+    b.sup("unfired", fault_id=0, detail="")
+    v = liveness(b.history())
+    assert v.status == "fail"
+    problems = v.details["problems"]
+    assert "rank 2 of generation 0 never recorded a start" in problems[0]
+    assert "fault kill(rank:1) at step 25 backward never fired: the workload never reached that " \
+           "point; does it call s.point('backward')?" in problems
+    assert any("hit its timeout in generation 0" in p for p in problems)
+
+
+def test_liveness_without_scenario_is_unknown() -> None:
+    b = Builder(scenario=False)
+    b.gen(run=range(3))
+    assert liveness(b.history()).status == "unknown"
+
+
+# -- registry --------------------------------------------------------------------------------
+def test_run_checks_passes_inputs_each_checker_accepts() -> None:
+    verdicts = run_checks(reshard_run().history(), reference=clean_run(), spread=1e-6)
+    assert [v.check for v in verdicts] == list(DEFAULT_CHECKS)
+    assert combine(verdicts).status == "pass", combine(verdicts)
+
+
+def test_run_checks_turns_a_crash_into_unknown() -> None:
+    def broken(history: History) -> Verdict:
+        raise KeyError("boom")
+
+    [v] = run_checks(clean_run(), {"broken": broken})
+    assert v.status == "unknown" and "KeyError" in v.message
+
+
+def test_liveness_when_the_supervisor_gave_up() -> None:
+    b = Builder(steps=20)
+    b.gen(run=range(3), cause="failure")
+    b.sup("gen_end", gen=1, cause="error", planned=False, fault_id=None,
+          detail="gave up after 1 generations")
+    v = liveness(b.history())
+    assert v.status == "fail" and "generation 1 ended by error: gave up" in v.message
+    assert no_rewind(b.history()).status == "pass"

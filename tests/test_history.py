@@ -1,0 +1,159 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .histories import DIGEST, Builder, reshard_run
+from pytest_reshard.history import History, HistoryError, Occurrence
+
+
+def test_load_reads_what_the_probe_and_supervisor_write(tmp_path: Path) -> None:
+    b = reshard_run()
+    loaded = History.load(b.write(tmp_path))
+    built = b.history()
+    assert loaded.generations == built.generations
+    assert loaded.kept() == built.kept()
+    assert loaded.scenario is not None and loaded.scenario.steps == 20
+    assert loaded.replay == "pytest-reshard replay run-1"
+    assert sorted(p.name for p in (tmp_path / "events").iterdir())[:2] == ["g0-r0.jsonl",
+                                                                         "g0-r1.jsonl"]
+
+
+def test_torn_last_line_is_tolerated(tmp_path: Path) -> None:
+    b = Builder(steps=3)
+    b.gen(run=range(3))
+    b.write(tmp_path)
+    path = tmp_path / "events" / "g0-r1.jsonl"
+    with open(path, "a") as f:
+        f.write('{"ev":"begin","t":1.0,"gen":0,"ra')        # SIGKILL mid-write
+    h = History.load(tmp_path)
+    assert len(h.torn) == 1 and h.torn[0].file.endswith("g0-r1.jsonl")
+    assert h.committed(0) == {0, 1, 2}
+
+
+def test_bad_middle_line_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    good = json.dumps({"ev": "start", "t": 1.0, "gen": 0, "rank": 0, "world_size": 1})
+    (events / "g0-r0.jsonl").write_text(good + "\n{not json\n" + good + "\n")
+    with pytest.raises(HistoryError, match=r"g0-r0\.jsonl:2: not valid JSON"):
+        History.load(tmp_path)
+
+
+def test_malformed_events_are_errors(tmp_path: Path) -> None:
+    with pytest.raises(HistoryError, match="integer 'step'"):
+        History.from_events([{"ev": "end", "gen": 0, "rank": 0}])
+    with pytest.raises(HistoryError, match="no 'ev'"):
+        History.from_events([{"gen": 0, "rank": 0}])
+    with pytest.raises(HistoryError, match="no such run directory"):
+        History.load(tmp_path / "missing")
+    (tmp_path / "events").mkdir()
+    with pytest.raises(HistoryError, match="no event files"):
+        History.load(tmp_path)
+
+
+def test_committed_needs_every_rank_of_the_world() -> None:
+    b = Builder(world_size=3)
+    b.gen(run=range(4), partial={4: [0, 2]}, cause="failure")
+    h = b.history()
+    assert h.committed(0) == {0, 1, 2, 3}
+    assert h.ended(0) == {0, 1, 2, 3, 4}
+    assert h.ended_by(0, 4) == {0, 2}
+
+
+def test_generations_view() -> None:
+    h = reshard_run().history()
+    g0, g1 = h.generations[0], h.generations[1]
+    assert (g0.world_size, g0.resume_step, g0.cause, g0.planned, g0.fault_id) == \
+        (2, 0, "reshard", True, 0)
+    assert (g1.world_size, g1.resume_step, g1.resume_source, g1.cause) == \
+        (3, 13, "checkpoint", "complete")
+    assert h.final_generation == g1
+    assert h.describe_fault(0) == "shift_shards(all) at step 12 optimizer notice_s=1 to_world_size=3"
+    assert h.max_rewind_steps(1) == 0   # undeclared -> 0
+
+
+def test_kept_steps_after_a_rewind() -> None:
+    b = Builder()
+    b.gen(run=range(15), cause="failure")
+    b.gen(resume=10, run=range(10, 20))
+    h = b.history()
+    kept = h.kept()
+    assert [o for o in kept if o.gen == 0] == [Occurrence(s, 0) for s in range(10)]
+    assert [o for o in kept if o.gen == 1] == [Occurrence(s, 1) for s in range(10, 20)]
+    assert {s: occ.gen for s, (occ, _) in h.kept_losses().items()}[12] == 1
+
+
+def test_kept_steps_use_the_lowest_later_resume() -> None:
+    b = Builder()
+    b.gen(run=range(21), cause="failure")
+    b.gen(resume=15, run=range(15, 18), cause="failure")
+    b.gen(resume=10, run=range(10, 20))
+    kept = b.history().kept()
+    assert max(o.step for o in kept if o.gen == 0) == 9
+    assert not [o for o in kept if o.gen == 1]
+
+
+def test_last_generation_keeps_only_committed_steps() -> None:
+    b = Builder()
+    b.gen(run=range(5), partial={5: [0]}, cause="failure")
+    assert max(b.history().kept()).step == 4
+
+
+def test_uncommitted_step_kept_when_the_next_generation_resumes_after_it() -> None:
+    b = Builder()
+    b.gen(run=range(5), partial={5: [0]}, cause="failure")
+    b.gen(resume=6, run=range(6, 8))
+    h = b.history()
+    assert Occurrence(5, 0) in h.kept()
+    assert h.kept_samples()[Occurrence(5, 0)] == {(0, s) for s in range(20, 24)}
+
+
+def test_loss_prefers_rank_zero_and_samples_carry_epochs() -> None:
+    h = History.from_events([
+        {"ev": "record", "gen": 0, "rank": 1, "step": 0, "loss": 2.0, "samples": [3]},
+        {"ev": "record", "gen": 0, "rank": 0, "step": 0, "loss": 1.0, "samples": [1], "epoch": 2},
+        {"ev": "record", "gen": 0, "rank": 1, "step": 1, "loss": 5.0},
+    ])
+    assert h.loss(0, 0) == 1.0 and h.loss(0, 1) == 5.0
+    assert h.samples(0, 0) == {1: [(0, 3)], 0: [(2, 1)]}
+
+
+def test_resume_step_falls_back_and_takes_the_lowest() -> None:
+    h = History.from_events([
+        {"ev": "begin", "gen": 0, "rank": 0, "step": 3},
+        {"ev": "resumed", "gen": 1, "rank": 0, "step": 7},
+        {"ev": "resumed", "gen": 1, "rank": 1, "step": 5},
+    ])
+    assert (h.generations[0].resume_step, h.generations[0].resume_declared) == (3, False)
+    assert h.generations[1].resume_step == 5
+    assert h.generations[1].world_size == 2
+
+
+def test_checkpoints_and_faults() -> None:
+    h = reshard_run().history()
+    saves, loads = h.checkpoints("save"), h.checkpoints("load")
+    assert [(c.gen, c.rank, c.step) for c in saves] == [(0, 0, 12), (0, 1, 12)]
+    assert loads[0].digest == DIGEST and loads[1].digest == {}
+    assert [(f.gen, f.rank, f.step, f.kind) for f in h.faults_fired()] == \
+        [(0, 0, 12, "shift_shards")]
+
+
+def test_supervisor_detections_load_with_their_rank(tmp_path: Path) -> None:
+    b = Builder()
+    b.gen(run=range(3), partial={3: [0]}, cause="failure")
+    b.detect(0, "died", 1, 3, "backward", expected=True, exit_code=-9)
+    [d] = History.load(b.write(tmp_path)).detections()
+    assert (d.gen, d.kind, d.rank, d.step, d.phase, d.exit_code, d.expected) == \
+        (0, "died", 1, 3, "backward", -9, True)
+
+
+def test_a_generation_only_the_supervisor_saw() -> None:
+    b = Builder()
+    b.gen(run=range(3), cause="failure")
+    b.sup("gen_end", gen=1, cause="error", planned=False, fault_id=None, detail="gave up")
+    h = b.history()
+    assert h.generations[1].world_size == 0 and h.generations[1].resume_step is None
+    assert h.committed(1) == frozenset() and max(h.kept()).step == 2
