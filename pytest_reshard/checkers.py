@@ -531,6 +531,10 @@ def liveness(history: History) -> Verdict:
         problems.append({"message": f"fault {desc} never fired: {why}{extra}",
                          "step": fault.get("step") if fault else None, "rank": None,
                          "generation": None, "fault": desc})
+    for e in history.events:
+        if e["ev"] == "abort":
+            problems.append({"message": f"the supervisor {e.get('detail', 'aborted the run')}",
+                             "step": None, "rank": None, "generation": None, "fault": None})
     for g, gen in history.generations.items():
         if gen.cause == "timeout":
             problems.append({"message": f"the run hit its timeout in generation {g}"

@@ -36,7 +36,7 @@ _RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
 _STEP_EVENTS = frozenset({"begin", "point", "end", "record", "error", "fault", "ckpt_save",
                           "ckpt_load", "resumed"})
 #: Supervisor events (``supervisor.jsonl``); ``detect`` names a rank, the others none.
-_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired"})
+_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired", "abort"})
 
 Event = Mapping[str, Any]
 
