@@ -1,0 +1,116 @@
+"""The pytest plugin, tested as users meet it: through pytester runs."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_reshard import processes
+
+from .conftest import WORKLOADS
+
+
+def test_markers_are_documented(pytester):
+    result = pytester.runpytest("--markers")
+    for marker in ("@pytest.mark.reshard(world_size=4, steps=20", "@pytest.mark.chaos",
+                   "@pytest.mark.gpu(count=1)", "@pytest.mark.nightly"):
+        result.stdout.fnmatch_lines([f"{marker}*"])
+
+
+def test_options_have_help_and_ini_twins(pytester):
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["pytest-reshard: chaos tests*", "*--reshard-artifacts=*", "*--reshard-timeout=*",
+                                 "*--reshard-seed=*", "*--reshard-backend=*", "*reshard_backend (string)*"])
+
+
+def test_header_shows_seed_and_backend(pytester):
+    pytester.makeini("[pytest]\nreshard_seed = 7\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--reshard-backend=gloo")
+    result.stdout.fnmatch_lines(["reshard: seed=7 backend=gloo launcher=fork*"])
+
+
+@pytest.mark.parametrize("args, ini, message", [
+    (["--reshard-backend=mpi"], "", "*--reshard-backend='mpi': choose one of auto, gloo, nccl*"),
+    ([], "reshard_timeout = -1", "*ini reshard_timeout='-1': expected a positive number*"),
+    (["--reshard-seed=abc"], "", "*--reshard-seed='abc': expected a integer*"),
+])
+def test_bad_settings_are_rejected_naming_their_source(pytester, args, ini, message):
+    pytester.makeini(f"[pytest]\n{ini}\n")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_gpu_and_nightly_markers_skip_with_reasons(pytester):
+    pytester.makepyfile("""
+        import pytest
+        @pytest.mark.gpu(2)
+        def test_gpu(): pass
+        @pytest.mark.nightly
+        def test_nightly(): pass
+    """)
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*needs 2 CUDA device(s), found 0*",
+                                 "*nightly chaos run: pass --reshard-nightly*"])
+
+
+def test_reshard_run_reports_table_artifacts_and_properties(pytester):
+    pytester.makepyfile(f"""
+        import pytest
+        from pytest_reshard import chaos
+
+        @pytest.mark.reshard(world_size=3, steps=8, timeout=90)
+        def test_train(reshard_run):
+            result = reshard_run({str(WORKLOADS / "toy_train.py")!r},
+                                 faults=[chaos.shift_shards(to_world_size=2, at_step=3)])
+            result.assert_ok()
+    """)
+    result = pytester.runpytest_subprocess("--junitxml=junit.xml", "--reshard-artifacts=art")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*reshard verdicts*", "scenario*faults*rewind*loss*samples*state*live*wall s",
+                                 "test_train*shift_shards(all) at step 3*pass*pass*pass*pass*pass*"])
+    run_dir = pytester.path / "art" / "test_reshard_run_reports_table_artifacts_and_properties.py__test_train"
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    assert verdict["status"] == "pass" and set(verdict["checks"]) >= {"no_rewind", "liveness"}
+    assert "--reshard-seed=0" in (run_dir / "replay.txt").read_text()
+    assert list((run_dir / "events").glob("g1-r*.jsonl"))
+    junit = (pytester.path / "junit.xml").read_text()
+    assert 'name="reshard_verdict" value="pass"' in junit
+    assert 'name="reshard_schedule_hash"' in junit
+
+
+def test_killing_pytest_itself_leaves_no_rank_behind(tmp_path):
+    """SIGKILL the pytest process mid-scenario: PDEATHSIG and the probe's watchdog end every rank."""
+    (tmp_path / "test_long.py").write_text(f"""
+import pytest
+@pytest.mark.reshard(world_size=3, steps=100000, timeout=300)
+def test_long(reshard_run):
+    reshard_run({str(WORKLOADS / "toy_train.py")!r}, stall_s=300)
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--reshard-artifacts=art", "test_long.py"], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        events = tmp_path / "art" / "test_long.py__test_long" / "events"
+        deadline = time.monotonic() + 60
+        while not (len(list(events.glob("g0-r*.jsonl"))) == 3 and
+                   all(b'"ev":"end"' in p.read_bytes() for p in events.glob("g0-r*.jsonl"))):
+            assert time.monotonic() < deadline, "the scenario never started training"
+            assert proc.poll() is None, "pytest exited before the scenario started"
+            time.sleep(0.05)
+        ours = processes.started_by(proc.pid)
+        assert len(ours) >= 4  # fork server + 3 ranks
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while processes.started_by(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes.started_by(proc.pid) == []
