@@ -120,8 +120,9 @@ class Step:
         self.phase = phase
         run = self._run
         if run.active:
-            run._emit("point", step=self.step, phase=phase)
-            run._fire(self.step, phase)
+            run._emit_step("point", self.step, ',"phase":' + _quoted(phase))
+            if run._faults:
+                run._fire(self.step, phase)
 
     def record(self, *, loss: float | None = None, samples: Sequence[int] | None = None,
                **metrics: Any) -> None:
@@ -133,12 +134,14 @@ class Step:
         run = self._run
         if not run.active:
             return
-        fields: dict[str, Any] = dict(metrics)
+        extra = ""
         if loss is not None:
-            fields["loss"] = float(loss)
+            extra += ',"loss":' + _number(float(loss))
         if samples is not None:
-            fields["samples"] = [int(s) for s in samples]
-        run._emit("record", step=self.step, **fields)
+            extra += ',"samples":[' + ",".join([str(int(i)) for i in samples]) + "]"
+        if metrics:
+            extra += "," + json.dumps(metrics, separators=(",", ":"))[1:-1]
+        run._emit_step("record", self.step, extra)
 
 
 class Run:
@@ -186,6 +189,11 @@ class Run:
         fields.update(ev=ev, t=time.time(), gen=self.generation, rank=self.rank)
         os.write(self._fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
+    def _emit_step(self, ev: str, step: int, extra: str = "") -> None:
+        """The per-step hot path: the same JSON as ``_emit``, without ``json.dumps`` (20 us)."""
+        os.write(self._fd, f'{{"ev":"{ev}","step":{int(step)}{extra},"t":{time.time()!r},'
+                           f'"gen":{self.generation},"rank":{self.rank}}}\n'.encode())
+
     def resumed(self, step: int, *, source: str = "checkpoint") -> None:
         """Declare the first step this generation will run (0 for a fresh start)."""
         if self.active:
@@ -198,15 +206,17 @@ class Run:
         if not self.active:
             yield s
             return
-        self._emit("begin", step=step)
-        self._fire(step, "begin")
+        self._emit_step("begin", step)
+        if self._faults:
+            self._fire(step, "begin")
         try:
             yield s
         except BaseException as e:
             self._emit("error", step=step, phase=s.phase, error=f"{type(e).__name__}: {e}"[:500])
             raise
-        self._fire(step, "end")
-        self._emit("end", step=step)
+        if self._faults:
+            self._fire(step, "end")
+        self._emit_step("end", step)
 
     def checkpoint_saved(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
         """Record a completed save of the state after ``step`` (digest: ``{component: digest}``)."""
@@ -267,6 +277,21 @@ class Run:
                 os.utime(path)
             except OSError:
                 pass
+
+
+_QUOTED: dict[str, str] = {}
+
+
+def _quoted(text: str) -> str:
+    q = _QUOTED.get(text)
+    if q is None:
+        q = _QUOTED[text] = json.dumps(text)
+    return q
+
+
+def _number(x: float) -> str:
+    """A JSON number; NaN and infinities as Python's json module writes (and reads) them."""
+    return repr(x) if x == x and x not in (float("inf"), float("-inf")) else json.dumps(x)
 
 
 def _alive(pid: int) -> bool:

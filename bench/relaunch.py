@@ -1,0 +1,47 @@
+"""Relaunch latency: from the end of a generation to the first step of the next one.
+
+Runs the same planned reshard (4 -> 3 ranks, bundled LM, tiny) with the warm fork server and
+with cold interpreters, interleaved so both see the same machine noise, and prints the medians
+and their ratio. Usage: python bench/relaunch.py [--repeats 5] [--workload lm]
+"""
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from pytest_reshard import chaos
+from pytest_reshard.history import History
+from pytest_reshard.runner import Session, scenario_from
+
+
+def relaunch_s(history: History) -> float:
+    """gen_end of generation 0 -> the last rank of generation 1 beginning its first step."""
+    end = next(e["t"] for e in history.events if e["ev"] == "gen_end" and e["gen"] == 0)
+    begins = {}
+    for e in history.events:
+        if e["ev"] == "begin" and e.get("gen") == 1:
+            begins.setdefault(e["rank"], e["t"])
+    return max(begins.values()) - end
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--workload", default="lm")
+    args = p.parse_args()
+    times: dict[str, list[float]] = {"fork": [], "local": []}
+    with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
+        for i in range(args.repeats):
+            for launcher in times:
+                sc = scenario_from(args.workload, world_size=4, steps=6, launcher=launcher,
+                                   faults=[chaos.shift_shards(to_world_size=3, at_step=2)])
+                history = session.execute(sc, Path(tmp) / f"{launcher}-{i}")
+                times[launcher].append(relaunch_s(history))
+                print(f"{launcher:5s} run {i}: {times[launcher][-1]:.3f} s", flush=True)
+    fork, cold = (statistics.median(times[k]) for k in ("fork", "local"))
+    print(f"relaunch to first step, median of {args.repeats}: fork server {fork:.3f} s, "
+          f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
+
+
+if __name__ == "__main__":
+    main()

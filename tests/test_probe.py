@@ -1,0 +1,87 @@
+"""The probe in-process: events, faults at points, and the no-op outside the harness."""
+import json
+import math
+import os
+
+import pytest
+
+from pytest_reshard import probe
+from pytest_reshard.history import History
+
+
+def make_run(tmp_path, faults=()):
+    (tmp_path / "events").mkdir()
+    (tmp_path / "plan-g0.json").write_text(json.dumps(
+        {"seed": 3, "world_size": 2, "roles": ["trainer", "drafter"], "faults": list(faults)}))
+    env = {"RESHARD_DIR": str(tmp_path), "RESHARD_GENERATION": "0", "RANK": "1", "WORLD_SIZE": "2"}
+    return probe.Run(env, max_rewind_steps=2)
+
+
+def events(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "events" / "g0-r1.jsonl").read_text().splitlines()]
+
+
+def test_inactive_outside_the_harness(tmp_path):
+    run = probe.Run({})
+    assert not run.active and run.workdir is None
+    with run.step(0) as s:
+        s.point("forward")
+        s.record(loss=1.0, samples=[1])
+    run.close()
+    assert not run.reshard_requested() and not run.stop_requested()
+
+
+def test_events_round_trip_through_history(tmp_path):
+    run = make_run(tmp_path)
+    assert run.role == "drafter" and run.seed == 3 and run.workdir == tmp_path / "work"
+    run.resumed(4)
+    with run.step(4) as s:
+        s.record(samples=[7, 8], epoch=1)
+        s.point("forward")
+        s.record(loss=float("nan"), grad_norm=0.5)
+    with pytest.raises(ValueError):
+        with run.step(5) as s:
+            s.point("backward")
+            raise ValueError("boom")
+    run.checkpoint_saved(4, {"model": "ab"})
+    run.close()
+    evs = events(tmp_path)
+    assert [e["ev"] for e in evs] == ["start", "resumed", "begin", "record", "point", "record",
+                                      "end", "begin", "point", "error", "ckpt_save", "exit"]
+    assert evs[0]["max_rewind_steps"] == 2 and evs[0]["role"] == "drafter"
+    assert evs[3]["samples"] == [7, 8] and evs[3]["epoch"] == 1
+    assert math.isnan(evs[5]["loss"]) and evs[5]["grad_norm"] == 0.5
+    assert evs[9]["phase"] == "backward" and "boom" in evs[9]["error"]
+    assert History.load(tmp_path).ended(0) is not None
+
+
+def test_shift_shards_fires_exactly_at_its_point(tmp_path):
+    run = make_run(tmp_path, [{"id": 0, "kind": "shift_shards", "ranks": [1], "step": 2,
+                               "phase": "optimizer", "params": {"to_world_size": 1, "notice_s": 5}}])
+    for step in range(3):
+        with run.step(step) as s:
+            s.point("forward")
+            assert not run.reshard_requested()
+            s.point("optimizer")
+    notice = run.reshard_requested()
+    assert notice and notice.to_world_size == 1
+    fired = [e for e in events(tmp_path) if e["ev"] == "fault"]
+    assert [(e["step"], e["phase"], e["kind"]) for e in fired] == [(2, "optimizer", "shift_shards")]
+
+
+def test_faults_for_other_ranks_do_not_fire(tmp_path):
+    run = make_run(tmp_path, [{"id": 0, "kind": "kill", "ranks": [0], "step": 0,
+                               "phase": "forward", "params": {}}])
+    with run.step(0) as s:
+        s.point("forward")  # would SIGKILL this test process if it fired on rank 1
+    assert not [e for e in events(tmp_path) if e["ev"] == "fault"]
+
+
+def test_digest_is_bit_exact_and_layout_independent():
+    torch = pytest.importorskip("torch")
+    a = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 3}
+    b = {"step": 3, "w": torch.arange(6, dtype=torch.float32).reshape(2, 3).t().contiguous().t()}
+    assert probe.digest(a) == probe.digest(b)
+    c = {"w": a["w"].clone(), "step": 3}
+    c["w"][0, 0] = torch.nextafter(c["w"][0, 0], torch.tensor(1.0))
+    assert probe.digest(a) != probe.digest(c)

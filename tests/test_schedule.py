@@ -1,0 +1,33 @@
+import pytest
+
+from pytest_reshard import chaos
+from pytest_reshard.schedule import Fault, Schedule, ScheduleError, resolve_target
+
+
+def test_schedule_round_trips_and_hash_is_stable():
+    s = Schedule(5, [chaos.shift_shards(to_world_size=3, at_step=4),
+                     chaos.kill(rank=1, at_step=7, phase="forward")])
+    again = Schedule.from_dict(s.to_dict())
+    assert again == s and again.hash == s.hash and len(s.hash) == 12
+    assert Schedule(6, s.faults).hash != s.hash
+    assert "kill(rank:1) at step 7 forward" in s.describe()
+
+
+def test_random_targets_replay_from_the_seed():
+    picks = {tuple(resolve_target("minority", 7, ["t"] * 7, seed=1, salt=2)) for _ in range(5)}
+    assert len(picks) == 1 and len(next(iter(picks))) == 3
+    assert resolve_target("role:drafter", 4, ["target", "target", "drafter", "drafter"], 0, 0) == [2, 3]
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: chaos.kill(rank=1, role="x", at_step=1), "name the target once"),
+    (lambda: chaos.preempt(at_step=1, grace_s=0), "grace_s must be > 0"),
+    (lambda: chaos.shift_shards(to_world_size=0, at_step=1), "to_world_size must be >= 1"),
+    (lambda: Fault("kill", "somebody", 1, "forward"), "bad fault target"),
+    (lambda: Fault("kill", "all", -1, "forward"), "at_step must be an int >= 0"),
+    (lambda: resolve_target("rank:5", 4, ["t"] * 4, 0, 0), "does not exist at world size 4"),
+    (lambda: resolve_target("role:drafter", 2, ["t"] * 2, 0, 0), "no rank has role 'drafter'"),
+])
+def test_bad_faults_say_what_to_fix(make, message):
+    with pytest.raises(ScheduleError, match=message):
+        make()
