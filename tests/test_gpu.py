@@ -1,0 +1,19 @@
+"""GPU paths (NCCL, a CUDA device per rank). Skipped with a reason on CPU machines; run them with
+scripts/gpu_check.sh on a GPU runner."""
+import pytest
+
+from pytest_reshard import chaos
+
+pytestmark = pytest.mark.reshard(steps=10, timeout=300, backend="nccl")
+
+
+@pytest.mark.gpu(1)
+def test_lm_on_nccl_survives_preemption(reshard_run):
+    result = reshard_run("lm", world_size=1, faults=[chaos.preempt(at_step=4, grace_s=60)])
+    result.assert_ok()
+
+
+@pytest.mark.gpu(2)
+def test_lm_on_nccl_reshards_2_to_1(reshard_run):
+    result = reshard_run("lm", world_size=2, faults=[chaos.shift_shards(to_world_size=1, at_step=4, notice_s=60)])
+    result.assert_ok()
