@@ -303,12 +303,12 @@ class _Watch:
         latency = None if since is None else round(time.time() - since, 4)
         self.sup.record("detect", gen=self.gen, kind=kind, rank=rank, step=step, phase=phase,
                         exit_code=code, latency_s=latency, expected=expected)
-        where = f"step {step}, phase {phase}" if step is not None else "before its first step"
-        return {"died": f"rank {rank} died (exit code {code}) at {where}",
-                "stopped": f"rank {rank} stopped responding at {where}",
+        where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
+        return {"died": f"rank {rank} died (exit code {code}) {where}",
+                "stopped": f"rank {rank} stopped responding {where}",
                 "stalled": f"no rank made progress for {self.sc.stall_s:.0f} s; rank {rank} "
-                           f"was last at {where}",
-                "exited_early": f"rank {rank} exited with code 0 at {where} without a planned event",
+                           f"was last seen {where}",
+                "exited_early": f"rank {rank} exited with code 0 {where} without a planned event",
                 }[kind] + f" (generation {self.gen})"
 
     def _on_events(self, events: list[dict]) -> None:

@@ -200,12 +200,16 @@ def test_incomplete_or_inconsistent_replicas_are_never_chosen(tmp_path):
     _write_replica(tmp_path, "g0", 0, model, optim, step=5, num_shards=2, skip={0})
     _write_replica(tmp_path, "g0", 1, model, optim, step=5, num_shards=2, step_of={1: 4})
     _write_replica(tmp_path, "g1", 0, model, optim, step=-1, num_shards=2)  # died before a step
-    (tmp_path / C.EMERGENCY_DIR / "torn.pt").write_bytes(b"\x80garbage")
+    (tmp_path / C.EMERGENCY_DIR / "torn.json").write_text('{"gen_id": "g9", "st')  # torn header
+    (tmp_path / C.EMERGENCY_DIR / "nopt.json").write_text(  # a header whose tensors are missing
+        '{"gen_id": "g9", "step": 9, "replica": 0, "shard": 0, "num_replicas": 1, "num_shards": 1}')
     assert C.choose_emergency(C.read_emergency_headers(tmp_path)) is None
     _write_replica(tmp_path, "g2", 0, model, optim, step=3, num_shards=2)
     _write_replica(tmp_path, "g3", 1, model, optim, step=8, num_shards=1)
     step, paths = C.choose_emergency(C.read_emergency_headers(tmp_path))
     assert step == 8 and len(paths) == 1 and "g3-" in paths[0]
+    C.remove_emergency(paths[0])
+    assert C.choose_emergency(C.read_emergency_headers(tmp_path))[0] == 3
 
 
 def test_local_shards_clone_plain_tensors_and_name_param_groups():
