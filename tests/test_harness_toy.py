@@ -64,3 +64,13 @@ def test_other_launchers_run_the_same_scenario(reshard_run, toy, launcher):
                          faults=[chaos.shift_shards(to_world_size=2, at_step=4, notice_s=20)])
     result.assert_ok()
     assert [g.world_size for g in result.history.generations.values()] == [4, 2]
+
+
+def test_scenario_timeout_ends_every_process(reshard_run, toy):
+    """A hang nobody detects (huge hang_s and stall_s) is still ended by the scenario timeout."""
+    result = reshard_run(toy, timeout=12, hang_s=1000, stall_s=1000,
+                         faults=[chaos.hang(rank=0, at_step=3, phase="forward")])
+    assert [f.kind for f in result.history.faults_fired()] == ["hang"]
+    with pytest.raises(ReshardAssertionError, match="liveness FAIL.*timeout"):
+        result.assert_live()
+    assert not any(processes.listening(p) for p in ports_of(result.run_dir))

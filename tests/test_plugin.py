@@ -85,8 +85,10 @@ def test_reshard_run_reports_table_artifacts_and_properties(pytester):
     assert 'name="reshard_schedule_hash"' in junit
 
 
-def test_killing_pytest_itself_leaves_no_rank_behind(tmp_path):
-    """SIGKILL the pytest process mid-scenario: PDEATHSIG and the probe's watchdog end every rank."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "sigkill"])
+def test_interrupting_pytest_leaves_no_rank_behind(tmp_path, sig):
+    """Ctrl-C or SIGKILL pytest mid-scenario: cleanup, PDEATHSIG and the probe's watchdog end
+    every rank."""
     (tmp_path / "test_long.py").write_text(f"""
 import pytest
 @pytest.mark.reshard(world_size=3, steps=100000, timeout=300)
@@ -107,6 +109,8 @@ def test_long(reshard_run):
             time.sleep(0.05)
         ours = processes.started_by(proc.pid)
         assert len(ours) >= 4  # fork server + 3 ranks
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
     finally:
         proc.kill()
         proc.wait(timeout=10)
