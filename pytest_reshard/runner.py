@@ -18,7 +18,8 @@ from typing import Any, Callable, Sequence
 from .history import History
 from .result import Result
 from .schedule import Fault, Schedule
-from .supervisor import Scenario, Supervisor, make_launcher, workload_argv
+from .launchers import ForkLauncher
+from .supervisor import Scenario, Supervisor, workload_argv
 from . import checkers
 
 
@@ -28,16 +29,17 @@ class Session:
     def __init__(self, artifacts: Path, *, progress: Callable[[str], None] | None = None) -> None:
         self.artifacts = Path(artifacts)
         self.progress = progress or (lambda msg: None)
-        self._launchers: dict[tuple, Any] = {}
+        self._launchers: dict[tuple[str, ...], ForkLauncher] = {}
         self._references: dict[str, History] = {}
 
-    def launcher(self, scenario: Scenario, tail: Any) -> Any | None:
+    def shared_launcher(self, scenario: Scenario) -> ForkLauncher | None:
+        """The warm fork server for this workload's preloads; other launchers are per run."""
         if scenario.launcher != "fork":
-            return None  # stateless, made per supervisor
+            return None
         _, preload = workload_argv(scenario)
-        key = ("fork", tuple(preload))
+        key = tuple(preload)
         if key not in self._launchers:
-            self._launchers[key] = make_launcher("fork", preload, tail)
+            self._launchers[key] = ForkLauncher(preload)
         return self._launchers[key]
 
     def close(self) -> None:
@@ -57,11 +59,8 @@ class Session:
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
-        sup = Supervisor(scenario, run_dir, progress=self.progress, launcher=None)
-        shared = self.launcher(scenario, sup.tail)
-        if shared is not None:
-            sup.launcher.close()
-            sup.launcher, sup._own_launcher = shared, False
+        sup = Supervisor(scenario, run_dir, progress=self.progress,
+                         launcher=self.shared_launcher(scenario))
         sup.run(replay=replay)
         return History.load(run_dir)
 

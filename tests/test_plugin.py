@@ -118,3 +118,9 @@ def test_long(reshard_run):
     while processes.started_by(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert processes.started_by(proc.pid) == []
+
+
+def test_plugin_and_probe_do_not_import_torch():
+    code = ("import sys, pytest_reshard.plugin, pytest_reshard.probe, pytest_reshard.runner; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
