@@ -61,3 +61,11 @@ def leaked_ranks(supervisor_pid: int) -> list[int]:
     return [p for p in started_by(supervisor_pid)
             if not (parent(p) == supervisor_pid
                     and b"pytest_reshard.forkserver" in _read(Path(f"/proc/{p}/cmdline")))]
+
+
+def stopped(pid: int | None) -> bool:
+    """True if the process is stopped by a signal (SIGSTOP/SIGTSTP) or traced."""
+    if pid is None:
+        return False
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    return b")" in stat and stat.rsplit(b")", 1)[1].split()[:1] in ([b"T"], [b"t"])

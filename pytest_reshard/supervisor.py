@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .launchers import ForkLauncher, Generation, LocalLauncher, RankSpec, TorchrunLauncher, free_port
+from . import processes
 from .schedule import Schedule, resolve_target
 
 POLL_S = 0.02
@@ -45,7 +45,7 @@ class Scenario:
     backend: str = "gloo"
     launcher: str = "fork"         # fork | local | torchrun
     roles: list[str] | None = None  # role of each rank; default all "trainer"
-    hang_s: float = 1.0            # heartbeat silence that means a rank stopped
+    hang_s: float = 1.0            # heartbeat silence of a stopped rank (10x if the kernel disagrees)
     stall_s: float = 10.0          # no progress from any rank this long means a stall
     startup_s: float = 60.0        # first event of a generation must come within this
     failure_grace_s: float = 5.0   # after an unplanned death, survivors get this long to exit
@@ -398,7 +398,12 @@ class _Watch:
         return self.sup.events_dir / f"g{self.gen}-r{rank}.hb"
 
     def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
+        """A live rank whose heartbeat is silent: at once (``hang_s``) if the kernel says it is
+        stopped, else only after ``10 * hang_s`` (at least 10 s): a busy machine or a long
+        import holding the GIL can delay a heartbeat, and a false "stopped" is a false verdict.
+        """
         now = time.time()
+        pids = self.sup._live.pids() if self.sup._live is not None else {}
         for rank, code in codes.items():
             if code is not None:
                 continue
@@ -406,7 +411,8 @@ class _Watch:
                 age = now - os.path.getmtime(self._hb(rank))
             except FileNotFoundError:
                 continue  # not attached yet: covered by the startup limit
-            if age > self.sc.hang_s:
+            if age > self.sc.hang_s and (processes.stopped(pids.get(rank))
+                                         or age > max(10 * self.sc.hang_s, 10.0)):
                 return rank
         return None
 
