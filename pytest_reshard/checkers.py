@@ -248,21 +248,27 @@ def loss_continuity(history: History, *, reference: History | None = None,
         "not_reached": tail, "deviations": {r.step: r.loss - r.ref for r in rows}}
     worst = max(rows, key=lambda r: (r.units, -r.step))   # the earliest of equal deviations
     if worst.units > SPREAD_FACTOR:
-        s, occ = worst.step, worst.occ
+        # Name where the loss first departs: a departure at a resume point is the classic
+        # reshard bug even when the deviation grows larger later (optimizer moments, drift).
         first = next(r for r in rows if r.units > SPREAD_FACTOR)
+        s, occ = first.step, first.occ
         gen = history.generations.get(occ.gen)
         resume = gen.resume_step if gen and occ.gen != min(history.generations) else None
-        dev = (f"{worst.loss:.6g} vs reference {worst.ref:.6g} (off by "
-               f"{abs(worst.loss - worst.ref):.3g}), {worst.units:.3g}x the noise floor")
+
+        def dev(r: _Row) -> str:
+            return (f"{r.loss:.6g} vs reference {r.ref:.6g} (off by {abs(r.loss - r.ref):.3g}), "
+                    f"{r.units:.3g}x the noise floor")
+
         if resume == s:
-            text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev}"
+            text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev(first)}"
         elif resume is not None:
-            text = (f"loss at step {s} (generation {occ.gen}, {s - resume} steps after the resume "
-                    f"at step {resume}) is {dev}")
+            text = (f"loss departs from the reference at step {s} (generation {occ.gen}, "
+                    f"{s - resume} step{'s' if s - resume != 1 else ''} after the resume at step "
+                    f"{resume}): {dev(first)}")
         else:
-            text = f"loss at step {s} (generation {occ.gen}) is {dev}"
-        if first.step != s:
-            text += f"; first beyond tolerance at step {first.step} (generation {first.occ.gen})"
+            text = f"loss departs from the reference at step {s} (generation {occ.gen}): {dev(first)}"
+        if worst.step != s:
+            text += f"; worst at step {worst.step} (generation {worst.occ.gen}): {dev(worst)}"
         where = dict(step=s, generation=occ.gen, fault=_fault_before(history, occ.gen),
                      details=details, replay=replay)
         if spread is None:

@@ -145,8 +145,8 @@ def test_loss_continuity_names_drift_after_the_resume() -> None:
     run = reshard_run(loss=lambda s: default_loss(s) + (0.01 * (s - 13) if s > 13 else 0)).history()
     v = loss_continuity(run, reference=clean_run(), spread=1e-6)
     assert v.status == "fail"
-    assert "step 19 (generation 1, 6 steps after the resume at step 13)" in v.message
-    assert "first beyond tolerance at step 14" in v.message
+    assert "departs from the reference at step 14 (generation 1, 1 step after the resume at step 13)" in v.message
+    assert "worst at step 19" in v.message and v.step == 14
 
 
 def test_loss_continuity_without_spread_is_unknown_beyond_rounding() -> None:

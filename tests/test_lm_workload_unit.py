@@ -172,20 +172,17 @@ def _write_replica(root, gen_id, replica, model, optim, step, num_shards, skip=(
             "param_groups": [{"lr": 0.1, "params": list(model)}]})
 
 
-def test_full_state_is_rebuilt_from_one_complete_replica(tmp_path):
+def _state():
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(0)
     model = {"w": torch.randn(5, 3, generator=g), "b": torch.randn(3, generator=g)}  # uneven shards
     optim = {k: {"step": torch.tensor(6.0), "exp_avg": torch.randn(v.shape, generator=g)}
              for k, v in model.items()}
-    _write_replica(tmp_path, "g0", 0, model, optim, step=5, num_shards=4, skip={1})  # lost a rank
-    _write_replica(tmp_path, "g0", 1, model, optim, step=5, num_shards=4)
-    headers = C.read_emergency_headers(tmp_path)
-    assert len(headers) == 7
-    step, paths = C.choose_emergency(headers)
-    assert step == 5 and all("-p1-" in p for p in paths)
-    full = C.rebuild_full_state(paths)
-    assert full["step"] == 5 and full["extra"]["data"]["position"] == 72
+    return model, optim
+
+
+def _check_rebuilt(full, model, optim):
+    torch = pytest.importorskip("torch")
     for k in model:
         assert torch.equal(full["model"][k], model[k])
         assert torch.equal(full["optim"]["state"][k]["exp_avg"], optim[k]["exp_avg"])
@@ -193,21 +190,47 @@ def test_full_state_is_rebuilt_from_one_complete_replica(tmp_path):
     assert full["optim"]["param_groups"] == [{"lr": 0.1, "params": ["w", "b"]}]
 
 
-def test_incomplete_or_inconsistent_replicas_are_never_chosen(tmp_path):
+def test_full_state_is_rebuilt_from_one_complete_replica(tmp_path):
+    model, optim = _state()
+    _write_replica(tmp_path, "g0", 0, model, optim, step=5, num_shards=4, skip={1})  # lost a rank
+    _write_replica(tmp_path, "g0", 1, model, optim, step=5, num_shards=4)
+    headers = C.read_emergency_headers(tmp_path)
+    assert len(headers) == 7
+    step, paths = C.choose_emergency(headers)
+    assert step == 5 and [Path(p).name for p in paths] == \
+        ["g0-p0-s0.pt", "g0-p1-s1.pt", "g0-p0-s2.pt", "g0-p0-s3.pt"]
+    full = C.rebuild_full_state(paths)
+    assert full["step"] == 5 and full["extra"]["data"]["position"] == 72
+    _check_rebuilt(full, model, optim)
+
+
+def test_shards_of_the_same_step_combine_across_replicas(tmp_path):
+    """A peer died inside a collective that only some survivors completed: mixed steps."""
+    model, optim = _state()
+    _write_replica(tmp_path, "g0", 0, model, optim, step=5, num_shards=2, skip={1})
+    _write_replica(tmp_path, "g0", 1, model, optim, step=4, num_shards=2, step_of={1: 5})
+    step, paths = C.choose_emergency(C.read_emergency_headers(tmp_path))
+    assert step == 5 and [Path(p).name for p in paths] == ["g0-p0-s0.pt", "g0-p1-s1.pt"]
+    _check_rebuilt(C.rebuild_full_state(paths), model, optim)
+
+
+def test_incomplete_states_are_never_chosen(tmp_path):
     torch = pytest.importorskip("torch")
     model = {"w": torch.ones(4, 2)}
     optim = {"w": {"step": torch.tensor(1.0), "exp_avg": torch.zeros(4, 2)}}
     _write_replica(tmp_path, "g0", 0, model, optim, step=5, num_shards=2, skip={0})
-    _write_replica(tmp_path, "g0", 1, model, optim, step=5, num_shards=2, step_of={1: 4})
-    _write_replica(tmp_path, "g1", 0, model, optim, step=-1, num_shards=2)  # died before a step
+    _write_replica(tmp_path, "g0", 1, model, optim, step=5, num_shards=2, skip={0})
+    _write_replica(tmp_path, "g0", 1, model, optim, step=4, num_shards=2, skip={1})
+    _write_replica(tmp_path, "g1", 0, model, optim, step=5, num_shards=2, skip={1})  # other gen
+    _write_replica(tmp_path, "g2", 0, model, optim, step=-1, num_shards=2)  # died before a step
     (tmp_path / C.EMERGENCY_DIR / "torn.json").write_text('{"gen_id": "g9", "st')  # torn header
     (tmp_path / C.EMERGENCY_DIR / "nopt.json").write_text(  # a header whose tensors are missing
         '{"gen_id": "g9", "step": 9, "replica": 0, "shard": 0, "num_replicas": 1, "num_shards": 1}')
     assert C.choose_emergency(C.read_emergency_headers(tmp_path)) is None
-    _write_replica(tmp_path, "g2", 0, model, optim, step=3, num_shards=2)
-    _write_replica(tmp_path, "g3", 1, model, optim, step=8, num_shards=1)
+    _write_replica(tmp_path, "g3", 0, model, optim, step=3, num_shards=2)
+    _write_replica(tmp_path, "g4", 1, model, optim, step=8, num_shards=1)
     step, paths = C.choose_emergency(C.read_emergency_headers(tmp_path))
-    assert step == 8 and len(paths) == 1 and "g3-" in paths[0]
+    assert step == 8 and len(paths) == 1 and "g4-" in paths[0]
     C.remove_emergency(paths[0])
     assert C.choose_emergency(C.read_emergency_headers(tmp_path))[0] == 3
 
