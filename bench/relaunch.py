@@ -14,14 +14,15 @@ from pytest_reshard.history import History
 from pytest_reshard.runner import Session, scenario_from
 
 
-def relaunch_s(history: History) -> float:
-    """gen_end of generation 0 -> the last rank of generation 1 beginning its first step."""
+def relaunch_s(history: History, ev: str = "begin") -> float:
+    """gen_end of generation 0 -> the last rank of generation 1 recording ``ev`` (its first
+    ``start``: the process is up and attached; its first ``begin``: training resumed)."""
     end = next(e["t"] for e in history.events if e["ev"] == "gen_end" and e["gen"] == 0)
-    begins = {}
+    first = {}
     for e in history.events:
-        if e["ev"] == "begin" and e.get("gen") == 1:
-            begins.setdefault(e["rank"], e["t"])
-    return max(begins.values()) - end
+        if e["ev"] == ev and e.get("gen") == 1:
+            first.setdefault(e["rank"], e["t"])
+    return max(first.values()) - end
 
 
 def main() -> None:
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--workload", default="lm")
     args = p.parse_args()
     times: dict[str, list[float]] = {"fork": [], "local": []}
+    up: dict[str, list[float]] = {"fork": [], "local": []}
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
         for i in range(args.repeats):
             for launcher in times:
@@ -37,10 +39,13 @@ def main() -> None:
                                    faults=[chaos.shift_shards(to_world_size=3, at_step=2)])
                 history = session.execute(sc, Path(tmp) / f"{launcher}-{i}")
                 times[launcher].append(relaunch_s(history))
-                print(f"{launcher:5s} run {i}: {times[launcher][-1]:.3f} s", flush=True)
-    fork, cold = (statistics.median(times[k]) for k in ("fork", "local"))
-    print(f"relaunch to first step, median of {args.repeats}: fork server {fork:.3f} s, "
-          f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
+                up[launcher].append(relaunch_s(history, "start"))
+                print(f"{launcher:5s} run {i}: ranks up {up[launcher][-1]:.3f} s, first step "
+                      f"{times[launcher][-1]:.3f} s", flush=True)
+    for label, data in (("ranks up (harness)", up), ("first step (harness + workload resume)", times)):
+        fork, cold = (statistics.median(data[k]) for k in ("fork", "local"))
+        print(f"relaunch to {label}, median of {args.repeats}: fork server {fork:.3f} s, "
+              f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def verdict_table(results: Sequence[Any]) -> list[str]:
                      *(MARK[r.verdicts[c].status] if c in r.verdicts else "-" for c, _ in COLUMNS),
                      f"{r.wall_s:.1f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    widths[1] = min(widths[1], 60)
+    widths[1] = min(widths[1], 72)
     lines = ["  ".join(cell[:w].ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for r in results:

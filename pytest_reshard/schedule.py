@@ -76,7 +76,8 @@ class Fault:
             raise ScheduleError(f"fault {dict(data)!r} lacks field {e.args[0]!r}") from None
 
     def describe(self) -> str:
-        extra = "".join(f" {k}={v}" for k, v in sorted(self.params.items()))
+        extra = "".join(f" {k}={v:g}" if isinstance(v, float) else f" {k}={v}"
+                        for k, v in sorted(self.params.items()))
         return f"{self.kind}({self.target}) at step {self.step} {self.phase}{extra}"
 
 
