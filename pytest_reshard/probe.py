@@ -31,6 +31,7 @@ Why it is built this way:
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import os
@@ -98,7 +99,8 @@ def _feed(h: "hashlib._Hash", obj: Any) -> None:
             t = t.full_tensor()
         t = t.cpu().contiguous()
         h.update(f"t{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        # Raw bytes without numpy (torch does not require it): a contiguous CPU tensor's memory.
+        h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()) if t.numel() else b"")
     elif type(obj).__module__ == "numpy" and hasattr(obj, "tobytes"):
         h.update(f"n{obj.dtype}{obj.shape}".encode() + obj.tobytes())
     else:
