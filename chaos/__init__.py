@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pytest_reshard.schedule import Fault, ScheduleError
 
-__all__ = ["hang", "kill", "preempt", "shift_shards", "Fault"]
+__all__ = ["ecc_error", "hang", "kill", "preempt", "shift_shards", "Fault"]
 
 
 def _target(rank: int | None, role: str | None, target: str | None, default: str) -> str:
@@ -93,3 +93,29 @@ def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
     """
     params = {} if then_world_size is None else {"then_world_size": int(then_world_size)}
     return Fault("hang", _target(rank, role, target, "one"), at_step, phase, params)
+
+
+def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
+              role: str | None = None, target: str | None = None, kind: str = "dbe",
+              xid: int = 48, layer: str = "telemetry") -> Fault:
+    """An ECC error on the target's device, at one of two layers (choose with ``layer``).
+
+    - ``layer="telemetry"``: the counters a health monitor polls change at the fault point:
+      volatile DBE/SBE count, retired pages, an Xid event (48 double-bit, 63 page retirement
+      recorded, 64 retirement failed), served through ``pytest_reshard.telemetry`` (NVML readings
+      plus injected counts on a GPU; injected counts alone on CPU). Proves the workload's health
+      monitor notices and drains the rank without committing the poisoned step.
+    - ``layer="compute"``: the rank raises the CUDA error text ("CUDA error: uncorrectable ECC
+      error encountered") at the point, as a kernel launch would. Proves the workload's error path.
+
+    Neither breaks memory: no bit flips, no real Xid in the kernel log, no driver reset. On a GPU
+    runner with DCGM, ``dcgmi test --inject`` can inject at the field level instead.
+    """
+    if kind not in ("dbe", "sbe"):
+        raise ScheduleError(f"ecc_error kind must be 'dbe' or 'sbe', got {kind!r}")
+    if xid not in (48, 63, 64):
+        raise ScheduleError(f"ecc_error xid must be 48, 63 or 64, got {xid!r}")
+    if layer not in ("telemetry", "compute"):
+        raise ScheduleError(f"ecc_error layer must be 'telemetry' or 'compute', got {layer!r}")
+    return Fault("ecc_error", _target(rank, role, target, "one"), at_step, phase,
+                 {"kind": kind, "xid": int(xid), "layer": layer})

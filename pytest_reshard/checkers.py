@@ -79,7 +79,7 @@ def _cause_phrase(history: History, ended: Generation) -> str:
         "reshard": "a planned reshard" if ended.planned else "an unplanned reshard",
         "preempt": "a preemption (SIGTERM)", "failure": "an unplanned failure",
         "hang": "a hang", "timeout": "a timeout", "error": "a harness error",
-        "complete": "a completed generation",
+        "complete": "a completed generation", "drain": "a drain the workload requested",
     }
     if ended.cause is None:
         return f"generation {ended.gen} ended with no supervisor record (treated as unplanned)"

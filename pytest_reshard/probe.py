@@ -230,6 +230,14 @@ class Run:
         if self.active:
             self._emit("ckpt_load", step=int(step), digest=dict(state_digest or {}), **info)
 
+    def request_reshard(self, to_world_size: int, *, reason: str, grace_s: float = 30.0) -> None:
+        """Ask the harness to restart at ``to_world_size`` once this generation exits: a drain
+        the workload decided on (its health monitor saw an ECC error, say). Checkpoint, then exit
+        cleanly within ``grace_s``; it counts as planned, so it must cost zero committed steps."""
+        if self.active:
+            self._emit("request", kind="reshard", to_world_size=int(to_world_size),
+                       reason=reason, grace_s=float(grace_s))
+
     def note(self, what: str, **fields: Any) -> None:
         """Record a free-form event (shown in the timeline, ignored by checkers)."""
         if self.active:
@@ -327,7 +335,21 @@ def _hang(run: Run, fault: Mapping[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang}
+CUDA_ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
+
+
+def _ecc_error(run: Run, fault: Mapping[str, Any]) -> None:
+    params = fault["params"]
+    if params.get("layer", "telemetry") == "compute":
+        raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
+                            f"Xid {params.get('xid', 48)})")
+    from . import telemetry
+
+    telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))
+
+
+_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang,
+              "ecc_error": _ecc_error}
 
 _RUN: Run | None = None
 

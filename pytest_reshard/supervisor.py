@@ -29,7 +29,7 @@ from . import processes
 from .schedule import Schedule, resolve_target
 
 POLL_S = 0.02
-PLANNED = {"shift_shards": "reshard", "preempt": "preempt"}
+PLANNED = {"shift_shards": "reshard", "preempt": "preempt", "drain": "drain"}
 
 
 @dataclass
@@ -324,6 +324,15 @@ class _Watch:
                     self.planned = ev
                     grace = ev["params"].get("notice_s", ev["params"].get("grace_s", 30.0))
                     self.plan_deadline = now + float(grace)
+            elif kind == "request" and self.planned is None:
+                # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
+                # attributed to the last fault that fired in this generation, if any.
+                fired = [f for f in self.sup.fired.values() if f["gen"] == self.gen]
+                self.planned = {"kind": "drain", "id": fired[-1]["id"] if fired else None,
+                                "step": ev["step"] if "step" in ev else None, "phase": "request",
+                                "params": {"to_world_size": ev["to_world_size"]},
+                                "reason": ev.get("reason", "")}
+                self.plan_deadline = now + float(ev.get("grace_s", 30.0))
 
     def _killed_rank(self) -> int | None:
         for (gen, rank), evs in self.sup.tail.by_rank.items():
@@ -439,8 +448,9 @@ class _Watch:
             cause = PLANNED[ev["kind"]]
             params = ev["params"]
             after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
-            return Outcome(cause, planned=True, fault_id=ev["id"],
-                           detail=f"{ev['kind']} at step {ev['step']} {ev['phase']}",
+            detail = (f"the workload asked to drain to {after} ranks: {ev['reason']}"
+                      if cause == "drain" else f"{ev['kind']} at step {ev['step']} {ev['phase']}")
+            return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
                            next_world_size=int(after))
         # Everybody exited 0 with nothing planned: finished, or a silent early exit.
         last = {r: self._last_end(r) for r in codes}
