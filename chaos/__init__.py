@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pytest_reshard.schedule import Fault, ScheduleError
 
-__all__ = ["ecc_error", "hang", "kill", "preempt", "shift_shards", "Fault"]
+__all__ = ["crash_silently", "drain", "ecc_error", "hang", "kill", "kill_during_save",
+           "memory_pressure", "preempt", "shift_shards", "slow_rank", "Fault"]
 
 
 def _target(rank: int | None, role: str | None, target: str | None, default: str) -> str:
@@ -81,18 +82,108 @@ def shift_shards(*, to_world_size: int, at_step: int, phase: str = "optimizer",
 
 
 def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
-         role: str | None = None, target: str | None = None,
+         role: str | None = None, target: str | None = None, mode: str = "sigstop",
          then_world_size: int | None = None) -> Fault:
-    """Stop the target (SIGSTOP) at the fault point: a wedged rank that neither dies nor works.
+    """A rank that neither dies nor works, from the fault point on.
 
-    Layer: a real SIGSTOP; the rank's heartbeat stops, so the supervisor names it within
-    ``hang_s`` (default 1 s) instead of waiting for gloo's 30-minute timeout, kills the
-    generation and starts the next at ``then_world_size`` (default the same size). Its peers
-    block in their next collective, as in production. Does not reproduce a hang *inside* a
-    collective kernel with a live heartbeat (that shows up as a stall, after ``stall_s``).
+    - ``mode="sigstop"``: a real SIGSTOP. Its heartbeat stops and the kernel reports it stopped,
+      so the supervisor names it within ``hang_s`` (default 1 s) instead of waiting for gloo's
+      30-minute timeout.
+    - ``mode="block"``: the rank's main thread blocks inside the phase while the process and its
+      heartbeat stay alive, as a rank wedged in a collective kernel does; its peers block in their
+      next collective. Nothing beats the clock here: the supervisor sees a *stall* after
+      ``stall_s`` (default 10 s) without progress from any rank.
+
+    Either way the generation is killed and the next starts at ``then_world_size`` (default the
+    same size). Does not reproduce a GPU kernel spinning on the device.
+    """
+    if mode not in ("sigstop", "block"):
+        raise ScheduleError(f"hang mode must be 'sigstop' or 'block', got {mode!r}")
+    params: dict = {"mode": mode}
+    if then_world_size is not None:
+        params["then_world_size"] = int(then_world_size)
+    return Fault("hang", _target(rank, role, target, "one"), at_step, phase, params)
+
+
+def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = None,
+                   role: str | None = None, target: str | None = None,
+                   then_world_size: int | None = None) -> Fault:
+    """The target vanishes with exit code 0 and no traceback (seed 001's silent drafter death).
+
+    Layer: ``os._exit(0)`` at the point, so no exception handler, atexit hook or probe ``exit``
+    event runs. The supervisor must notice a rank that left early without a planned event.
+    Does not reproduce a CUDA driver killing the process from outside.
     """
     params = {} if then_world_size is None else {"then_world_size": int(then_world_size)}
-    return Fault("hang", _target(rank, role, target, "one"), at_step, phase, params)
+    return Fault("crash_silently", _target(rank, role, target, "one"), at_step, phase, params)
+
+
+def kill_during_save(*, at_step: int, boundary: str = "commit", rank: int | None = None,
+                     target: str | None = None) -> Fault:
+    """SIGKILL a rank inside a checkpoint save: at its start (``boundary="start"``, phase
+    ``checkpoint``) or after the shards are written but before the save is committed
+    (``boundary="commit"``, phase ``checkpoint_commit``). ``at_step`` must be a step that saves.
+
+    Layer: a real SIGKILL while the files of a save exist half-way; proves the resume takes the
+    newest *complete* checkpoint. Needs a workload that marks those phases (the bundled LM does).
+    Does not tear a single file at the byte level (the kernel keeps what was written).
+    """
+    phases = {"start": "checkpoint", "commit": "checkpoint_commit"}
+    if boundary not in phases:
+        raise ScheduleError(f"kill_during_save boundary must be 'start' or 'commit', got {boundary!r}")
+    return Fault("kill", _target(rank, None, target, "one"), at_step, phases[boundary], {})
+
+
+def slow_rank(*, at_step: int, delay_ms: float, steps: int = 1, phase: str = "forward",
+              rank: int | None = None, role: str | None = None,
+              target: str | None = None) -> Fault:
+    """A straggler: the target sleeps ``delay_ms`` at the point, for ``steps`` consecutive steps.
+
+    Layer: wall-clock delay in the rank's own thread, so its peers wait in the next collective
+    and the per-rank timings in the history show who was slow. Does not model a slow link or
+    thermal throttling (the delay is not in the collective itself).
+    """
+    if int(steps) < 1:
+        raise ScheduleError(f"slow_rank steps must be >= 1, got {steps}")
+    return Fault("slow_rank", _target(rank, role, target, "one"), at_step, phase,
+                 {"delay_ms": _positive("delay_ms", delay_ms), "steps": int(steps)})
+
+
+def memory_pressure(*, at_step: int, bytes: int, phase: str = "begin", rank: int | None = None,
+                    role: str | None = None, target: str | None = None) -> Fault:
+    """Hold ``bytes`` more on the target from the point on (seed 001: +200 MB per GPU after a
+    torch upgrade). CUDA memory when the rank uses a GPU, else resident host memory.
+
+    With ``memory_budget_bytes`` set on the scenario, the supervisor ends a rank whose peak RSS
+    passes the budget (as the OOM killer would) and the verdict names the rank and phase; the
+    ``memory_headroom`` check flags ranks that come within a margin of it. On CPU it proves the
+    accounting and the loud failure, not CUDA allocator fragmentation.
+    """
+    if int(bytes) <= 0:
+        raise ScheduleError(f"memory_pressure bytes must be > 0, got {bytes}")
+    return Fault("memory_pressure", _target(rank, role, target, "one"), at_step, phase,
+                 {"bytes": int(bytes)})
+
+
+def drain(*, world_size: int, at_step: int, fraction: float = 0.5, waves: int = 2,
+          every: int = 2, notice_s: float = 30.0) -> list[Fault]:
+    """A maintenance window (seed 000): drain ``fraction`` of ``world_size`` ranks in ``waves``
+    planned reshards, ``every`` steps apart, each with ``notice_s`` of notice.
+
+    Returns several faults; pass them in ``faults=`` as they are (nested lists are flattened).
+    Layer: that of ``shift_shards``, repeated: each wave is a full save, exit and resharded load.
+    """
+    if not 0 < fraction < 1:
+        raise ScheduleError(f"drain fraction must be between 0 and 1, got {fraction}")
+    drained = max(1, round(world_size * fraction))
+    if int(waves) < 1 or waves > drained:
+        raise ScheduleError(f"drain waves must be between 1 and {drained} (ranks drained)")
+    sizes, left = [], world_size
+    for wave in range(waves):
+        left -= drained // waves + (1 if wave < drained % waves else 0)
+        sizes.append(left)
+    return [shift_shards(to_world_size=size, at_step=at_step + i * every, notice_s=notice_s)
+            for i, size in enumerate(sizes)]
 
 
 def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,

@@ -477,6 +477,7 @@ def _describe_detection(d: Detection) -> str:
         "stopped": f"{who} stopped responding {at}",
         "stalled": f"{who} stalled {at}: alive, but no progress",
         "exited_early": f"{who} exited early{code} {at}, before the run finished",
+        "oom": d.detail or f"{who} exceeded its memory budget {at}",
     }.get(d.kind, f"{who} {d.kind} {at}")
     return (f"{what} (generation {d.gen}), and no scheduled fault explains it; read that rank's "
             "output in the run folder")
@@ -578,6 +579,42 @@ def liveness(history: History) -> Verdict:
 Checker = Callable[..., Verdict]
 
 #: The checkers ``assert_ok`` runs, by name.
+# -- memory_headroom -----------------------------------------------------------------------------
+MEMORY_MARGIN = 0.10
+
+
+def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdict:
+    """Every rank's peak RSS stayed below ``(1 - margin)`` of the scenario's memory budget.
+
+    The supervisor samples each rank's peak (VmHWM) and ends a rank that passes the budget; a
+    rank that merely came close is the warning seed 001 never got (+200 MB after an upgrade).
+    """
+    check, replay = "memory_headroom", history.replay
+    scenario = next((e for e in history.events if e["ev"] == "scenario"), {})
+    budget = scenario.get("memory_budget_bytes")
+    if not budget:
+        return Verdict.unknown(check, "no memory budget set: pass memory_budget_bytes= to "
+                               "reshard_run to check headroom", replay=replay)
+    mib = 2 ** 20
+    for d in history.detections():
+        if d.kind == "oom":
+            return Verdict.failed(check, d.detail or f"rank {d.rank} exceeded its memory budget",
+                                  step=d.step, rank=d.rank, generation=d.gen, replay=replay)
+    peaks = [e for e in history.events if e["ev"] == "rss"]
+    if not peaks:
+        return Verdict.unknown(check, "no rank's memory was sampled", replay=replay)
+    top = max(peaks, key=lambda e: e["peak_bytes"])
+    share = top["peak_bytes"] / budget
+    where = f"rank {top['rank']} (generation {top['gen']})"
+    if share > 1 - margin:
+        return Verdict.failed(check, f"{where} peaked at {top['peak_bytes'] / mib:.0f} MiB, "
+                              f"{share:.0%} of its {budget / mib:.0f} MiB budget: less than "
+                              f"{margin:.0%} headroom; an upgrade that adds memory would kill it",
+                              rank=top["rank"], generation=top["gen"], replay=replay)
+    return Verdict.passed(check, f"highest peak {top['peak_bytes'] / mib:.0f} MiB on {where}, "
+                          f"{share:.0%} of the {budget / mib:.0f} MiB budget", replay=replay)
+
+
 DEFAULT_CHECKS: Mapping[str, Checker] = {
     "no_rewind": no_rewind,
     "loss_continuity": loss_continuity,

@@ -36,7 +36,8 @@ _RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
 _STEP_EVENTS = frozenset({"begin", "point", "end", "record", "error", "fault", "ckpt_save",
                           "ckpt_load", "resumed"})
 #: Supervisor events (``supervisor.jsonl``); ``detect`` names a rank, the others none.
-_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired", "abort"})
+_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired", "abort",
+                                "rss"})
 
 Event = Mapping[str, Any]
 
@@ -140,6 +141,7 @@ class Detection:
     exit_code: int | None
     latency_s: float | None
     expected: bool
+    detail: str = ""
 
 
 @dataclass
@@ -284,7 +286,8 @@ class History:
                           rank=_opt_int(e.get("rank")),
                           step=_opt_int(e.get("step")), phase=e.get("phase"),
                           exit_code=_opt_int(e.get("exit_code")),
-                          latency_s=e.get("latency_s"), expected=bool(e.get("expected", False)))
+                          latency_s=e.get("latency_s"), expected=bool(e.get("expected", False)),
+                          detail=str(e.get("detail", "")))
                 for e in self._supervisor if e["ev"] == "detect"]
 
     def unfired(self) -> list[Event]:

@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -162,6 +163,7 @@ class Run:
         self._stop = False
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        self._ballast: list[Any] = []  # memory_pressure keeps its allocations here
         self._fd = -1
         if not self.active:
             return
@@ -273,8 +275,9 @@ class Run:
     # -- in-process faults -----------------------------------------------------------------
     def _fire(self, step: int, phase: str) -> None:
         for fault in self._faults.pop((step, phase), ()):
-            self._emit("fault", step=step, phase=phase, kind=fault["kind"], id=fault["id"],
-                       params=fault["params"])
+            if not fault.get("repeat"):
+                self._emit("fault", step=step, phase=phase, kind=fault["kind"], id=fault["id"],
+                           params=fault["params"])
             _EXECUTORS[fault["kind"]](self, fault)
 
     def _beat(self, supervisor: int) -> None:
@@ -332,6 +335,8 @@ def _shift_shards(run: Run, fault: Mapping[str, Any]) -> None:
 
 
 def _hang(run: Run, fault: Mapping[str, Any]) -> None:
+    if fault["params"].get("mode") == "block":
+        threading.Event().wait()  # wedged in the phase, heartbeat still beating
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -348,8 +353,36 @@ def _ecc_error(run: Run, fault: Mapping[str, Any]) -> None:
     telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))
 
 
+def _crash_silently(run: Run, fault: Mapping[str, Any]) -> None:
+    os._exit(0)  # no traceback, no exit event, exit code 0: the silent drafter death of seed 001
+
+
+def _slow_rank(run: Run, fault: Mapping[str, Any]) -> None:
+    params = fault["params"]
+    time.sleep(float(params["delay_ms"]) / 1000)
+    left = int(params.get("steps", 1)) - 1
+    if left > 0:  # the straggler stays slow: the same point of the next step, silently
+        again = {**fault, "step": fault["step"] + 1, "repeat": True,
+                 "params": {**params, "steps": left}}
+        run._faults.setdefault((again["step"], fault["phase"]), []).append(again)
+
+
+def _memory_pressure(run: Run, fault: Mapping[str, Any]) -> None:
+    """Hold ``bytes`` more for the rest of the generation: CUDA memory when the rank uses a GPU,
+    else resident host memory (every page written, so it really counts in RSS)."""
+    size = int(fault["params"]["bytes"])
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        run._ballast.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        return
+    ballast = bytearray(size)
+    ballast[::4096] = b"\x01" * len(range(0, size, 4096))
+    run._ballast.append(ballast)
+
+
 _EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang,
-              "ecc_error": _ecc_error}
+              "ecc_error": _ecc_error, "crash_silently": _crash_silently,
+              "slow_rank": _slow_rank, "memory_pressure": _memory_pressure}
 
 _RUN: Run | None = None
 

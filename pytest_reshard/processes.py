@@ -69,3 +69,11 @@ def stopped(pid: int | None) -> bool:
         return False
     stat = _read(Path(f"/proc/{pid}/stat"))
     return b")" in stat and stat.rsplit(b")", 1)[1].split()[:1] in ([b"T"], [b"t"])
+
+
+def peak_rss(pid: int) -> int | None:
+    """The process's peak resident set size in bytes (VmHWM), or None if it is gone."""
+    for line in _read(Path(f"/proc/{pid}/status")).splitlines():
+        if line.startswith(b"VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None

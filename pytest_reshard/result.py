@@ -71,6 +71,10 @@ class Result:
         """The run finished; no rank died, stopped or vanished without a scheduled fault."""
         self._assert("liveness")
 
+    def assert_memory_headroom(self) -> None:
+        """No rank came within the margin of the scenario's memory budget."""
+        self._assert("memory_headroom")
+
     def assert_ok(self, *, allow_unknown: bool = False) -> None:
         """Every default checker passed."""
         self._assert(*self.verdicts, allow_unknown=allow_unknown)

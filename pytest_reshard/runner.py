@@ -106,6 +106,8 @@ class Session:
                                                                spread=spread)
         verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
                                                                          reference=reference)
+        if scenario.memory_budget_bytes:
+            verdicts["memory_headroom"] = checkers.memory_headroom(history)
         return verdicts
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from .schedule import Schedule, resolve_target
 
 POLL_S = 0.02
 PLANNED = {"shift_shards": "reshard", "preempt": "preempt", "drain": "drain"}
+DEATHS = ("kill", "crash_silently")  # faults whose victim is expected to die unplanned
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Scenario:
     stall_s: float = 10.0          # no progress from any rank this long means a stall
     startup_s: float = 60.0        # first event of a generation must come within this
     failure_grace_s: float = 5.0   # after an unplanned death, survivors get this long to exit
+    memory_budget_bytes: int | None = None  # per-rank peak RSS budget (CPU); None: unlimited
     max_generations: int = 12
 
     def to_dict(self) -> dict[str, Any]:
@@ -173,7 +176,7 @@ class Supervisor:
         self.record("scenario", workload=sc.workload, steps=sc.steps, world_size=sc.world_size,
                     seed=sc.schedule.seed, schedule=sc.schedule.to_dict(),
                     schedule_hash=sc.schedule.hash, launcher=sc.launcher, backend=sc.backend,
-                    replay=replay)
+                    memory_budget_bytes=sc.memory_budget_bytes, replay=replay)
         (self.run_dir / "scenario.json").write_text(json.dumps(sc.to_dict(), indent=2))
         world_size: int | None = sc.world_size
         gen = 0
@@ -261,6 +264,9 @@ class Supervisor:
             self._live.kill()
             self._live = None
             del store
+            for rank, peak in sorted(watch.peaks.items()):
+                self.record("rss", gen=gen, rank=rank, peak_bytes=peak,
+                            budget_bytes=sc.memory_budget_bytes)
 
 
 def _store(world_size: int) -> Any:
@@ -296,6 +302,7 @@ class _Watch:
         self.plan_deadline: float | None = None
         self.failure: tuple[int, int, float, str] | None = None  # rank, code, when, detail
         self.reported: set[int] = set()
+        self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
 
     def _detect(self, kind: str, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
@@ -334,9 +341,54 @@ class _Watch:
                                 "reason": ev.get("reason", "")}
                 self.plan_deadline = now + float(ev.get("grace_s", 30.0))
 
-    def _killed_rank(self) -> int | None:
+    def _on_exit(self, rank: int, code: int, codes: dict[int, int | None], now: float) -> None:
+        """Judge one rank's exit: normal, or the generation's first failure."""
+        normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)  # SIGABRT after close
+        if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
+            self.reported.add(rank)
+            return
+        # Peers of a killed rank die too ("Connection closed by peer"), sometimes before its
+        # own exit is reaped: blame the rank an unplanned-death fault fired on.
+        culprit = self._faulted_rank(DEATHS)
+        if culprit is not None:
+            if codes.get(culprit) is None:
+                return  # judge again once the culprit's exit is reported
+            rank, code = culprit, codes[culprit]
+            normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)
+        self.reported.add(rank)
+        fault = self._fault_for(rank, DEATHS)
+        # exit 0 mid-run without a planned event: a silent death, the drafter story of seed 001
+        kind = "exited_early" if normal else "died"
+        detail = self._detect(kind, rank, expected=fault is not None, code=code,
+                              since=fault["t"] if fault else None)
+        self.failure = (rank, code, now, detail)
+
+    def _watch_memory(self, live: Generation, codes: dict[int, int | None]) -> None:
+        """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""
+        budget = self.sc.memory_budget_bytes
+        for rank, pid in live.pids().items():
+            if codes.get(rank) is not None:
+                continue
+            peak = processes.peak_rss(pid)
+            if peak is None:
+                continue
+            self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
+            if budget and peak > budget and self.failure is None:
+                live.signal(rank, signal.SIGKILL)
+                step, phase = self.sup.tail.last_position(self.gen, rank)
+                where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
+                detail = (f"rank {rank} exceeded its memory budget {where}: peak RSS "
+                          f"{peak / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB; "
+                          f"killed it as the OOM killer would")
+                self.sup.record("detect", gen=self.gen, kind="oom", rank=rank, step=step,
+                                phase=phase, exit_code=-signal.SIGKILL, latency_s=None,
+                                expected=False, detail=detail)
+                self.reported.add(rank)
+                self.failure = (rank, -signal.SIGKILL, time.monotonic(), detail)
+
+    def _faulted_rank(self, kinds: Sequence[str]) -> int | None:
         for (gen, rank), evs in self.sup.tail.by_rank.items():
-            if gen == self.gen and any(e["ev"] == "fault" and e["kind"] == "kill" for e in evs):
+            if gen == self.gen and any(e["ev"] == "fault" and e["kind"] in kinds for e in evs):
                 return rank
         return None
 
@@ -351,33 +403,13 @@ class _Watch:
         live = sup._live
         assert live is not None
         while True:
+            codes = live.exit_codes()  # first: a rank writes all its events before it exits
             self._on_events(sup.tail.poll(gen))
-            codes = live.exit_codes()
             now = time.monotonic()
             for rank, code in codes.items():
-                if code is None or rank in self.reported:
-                    continue
-                self.reported.add(rank)
-                clean = sup.tail.clean_exit(gen, rank)
-                if code == 0 or clean:  # a clean probe close then SIGABRT at exit is clean
-                    if (self.failure is None and self.planned is None
-                            and (self._last_end(rank) or -1) < sc.steps - 1):
-                        # A silent death: exit 0 mid-run, the drafter story of seed 001.
-                        self.failure = (rank, 0, now, self._detect("exited_early", rank,
-                                                                   expected=False))
-                    continue
-                if self.failure is None:
-                    # Peers of a killed rank die too ("Connection closed by peer"), sometimes
-                    # before its own exit is reaped: blame the rank a kill fault fired on.
-                    killed = self._killed_rank()
-                    if killed is not None and codes.get(killed) is not None:
-                        rank, code = killed, codes[killed]
-                    elif killed is not None:
-                        continue  # wait for the killed rank's exit to be reported
-                    fault = self._fault_for(rank, ("kill",))
-                    detail = self._detect("died", rank, expected=fault is not None, code=code,
-                                          since=fault["t"] if fault else None)
-                    self.failure = (rank, code, now, detail)
+                if code is not None and rank not in self.reported and self.failure is None:
+                    self._on_exit(rank, code, codes, now)
+            self._watch_memory(live, codes)
             if all(c is not None for c in codes.values()):
                 return self._classify(codes)
             if self.failure and now - self.failure[2] > sc.failure_grace_s:
@@ -386,22 +418,28 @@ class _Watch:
                 return self._missed_deadline(codes)
             hung = self._stopped_rank(codes)
             if hung is not None:
-                fault = self._fault_for(hung, ("hang",))
-                detail = self._detect("stopped", hung, expected=fault is not None,
-                                      since=os.path.getmtime(self._hb(hung)))
-                if fault is None:
-                    return Outcome("hang", detail=detail)
-                after = int(fault["params"].get("then_world_size") or self.world_size)
-                return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after)
+                return self._hang("stopped", hung, since=os.path.getmtime(self._hb(hung)))
             quiet = now - self.last_progress
             limit = sc.stall_s if self.started_training else sc.startup_s
             if quiet > limit and self.failure is None and self.plan_deadline is None:
-                rank = min((r for r, c in codes.items() if c is None), default=0)
-                return Outcome("hang", detail=self._detect("stalled", rank, expected=False))
+                # Everyone is alive and silent: blame the rank a hang fault fired on, if any.
+                culprit = self._faulted_rank(("hang",))
+                rank = culprit if culprit is not None else \
+                    min((r for r, c in codes.items() if c is None), default=0)
+                return self._hang("stalled", rank, since=None)
             if now > self.deadline:
                 return Outcome("timeout", detail=f"scenario timeout of {sc.timeout_s:.0f} s "
                                f"reached in generation {gen}")
             time.sleep(POLL_S)
+
+    def _hang(self, kind: str, rank: int, since: float | None) -> Outcome:
+        fault = self._fault_for(rank, ("hang",))
+        detail = self._detect(kind, rank, expected=fault is not None,
+                              since=fault["t"] if fault and since is None else since)
+        if fault is None:
+            return Outcome("hang", detail=detail)
+        after = int(fault["params"].get("then_world_size") or self.world_size)
+        return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after)
 
     def _hb(self, rank: int) -> Path:
         return self.sup.events_dir / f"g{self.gen}-r{rank}.hb"
@@ -438,7 +476,7 @@ class _Watch:
         sc, gen = self.sc, self.gen
         if self.failure is not None:
             rank, code, _, detail = self.failure
-            fault = self._fault_for(rank, ("kill",))
+            fault = self._fault_for(rank, DEATHS)
             if fault is None:
                 return Outcome("failure", detail=detail)
             after = int(fault["params"].get("then_world_size") or self.world_size)

@@ -1,0 +1,64 @@
+"""The chaos catalog against a user's own script (tests/workloads/toy_train.py): each injector
+fires where scheduled, is detected and named, and everything is cleaned up."""
+import pytest
+
+from pytest_reshard import chaos
+from pytest_reshard.result import ReshardAssertionError
+
+pytestmark = pytest.mark.reshard(world_size=4, steps=12, timeout=90)
+
+
+def _fault_to_detect_s(result):
+    fault = next(e["t"] for e in result.history.events if e["ev"] == "fault")
+    detect = next(e["t"] for e in result.history.events if e["ev"] == "detect")
+    return detect - fault
+
+
+def test_silent_crash_is_detected_and_survived(reshard_run, toy):
+    result = reshard_run(toy, faults=[chaos.crash_silently(rank=1, at_step=5, phase="backward")])
+    result.assert_ok()
+    [d] = result.history.detections()
+    assert (d.kind, d.rank, d.step, d.phase, d.expected) == ("exited_early", 1, 5, "backward", True)
+    assert _fault_to_detect_s(result) < 2.0
+
+
+def test_blocked_rank_is_a_stall_named_and_recovered(reshard_run, toy):
+    result = reshard_run(toy, stall_s=2, faults=[chaos.hang(rank=2, at_step=4, mode="block")])
+    result.assert_ok()
+    [d] = result.history.detections()
+    assert (d.kind, d.rank, d.step, d.phase, d.expected) == ("stalled", 2, 4, "backward", True)
+
+
+def test_straggler_shows_in_per_rank_timings(reshard_run, toy):
+    result = reshard_run(toy, faults=[chaos.slow_rank(rank=2, at_step=3, steps=3, delay_ms=150)])
+    result.assert_ok()
+    def forward_s(rank, step):
+        evs = [e for e in result.history.rank_events(gen=0, rank=rank) if e.get("step") == step]
+        t = {e.get("phase", e["ev"]): e["t"] for e in evs if e["ev"] in ("point", "end")}
+        return t["backward"] - t["forward"]
+    assert all(forward_s(2, s) >= 0.15 for s in (3, 4, 5))
+    assert forward_s(2, 6) < 0.15 and forward_s(0, 4) < 0.15
+
+
+def _clean_peak(reshard_run, toy):
+    clean = reshard_run(toy, memory_budget_bytes=64 * 2**30)
+    clean.assert_ok()
+    return max(e["peak_bytes"] for e in clean.history.events if e["ev"] == "rss")
+
+
+def test_memory_pressure_past_the_budget_fails_loudly(reshard_run, toy):
+    budget = _clean_peak(reshard_run, toy) + 150 * 2**20
+    result = reshard_run(toy, memory_budget_bytes=budget,
+                         faults=[chaos.memory_pressure(rank=1, at_step=4, bytes=300 * 2**20)])
+    assert result.verdicts["memory_headroom"].status == "fail"
+    with pytest.raises(ReshardAssertionError,
+                       match=r"liveness FAIL: rank 1 exceeded its memory budget at step 4, phase begin"):
+        result.assert_live()
+
+
+def test_memory_headroom_passes_with_room_and_flags_a_tight_budget(reshard_run, toy):
+    peak = _clean_peak(reshard_run, toy)
+    reshard_run(toy, memory_budget_bytes=peak * 2).assert_memory_headroom()
+    tight = reshard_run(toy, memory_budget_bytes=int(peak * 1.05))
+    assert tight.verdicts["memory_headroom"].status == "fail"
+    assert "headroom" in tight.verdicts["memory_headroom"].message
