@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from .history import History
 from .result import Result
-from .schedule import Fault, Schedule
+from .schedule import Fault, Schedule, validate
 from .launchers import ForkLauncher
 from .supervisor import Scenario, Supervisor, workload_argv
 from . import checkers
@@ -130,13 +130,14 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
-    faults = list(faults)
-    for f in faults:
-        if not isinstance(f, Fault):
-            raise TypeError(f"faults must be built with pytest_reshard.chaos, got {f!r}")
-        if f.step >= steps:
-            raise ValueError(f"{f.describe()} is after the last step ({steps - 1}); "
-                             f"raise steps or move the fault")
-    return Scenario(workload=workload, world_size=world_size, steps=steps,
-                    schedule=Schedule(seed, faults), **options)
+    flat: list[Fault] = []
+    for f in faults:  # injectors such as chaos.drain return several faults
+        for one in (f if isinstance(f, (list, tuple)) else [f]):
+            if not isinstance(one, Fault):
+                raise TypeError(f"faults must be built with pytest_reshard.chaos, got {one!r}")
+            flat.append(one)
+    schedule = Schedule(seed, flat)
+    validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or ())
+    return Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
+                    **options)
 

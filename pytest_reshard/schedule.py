@@ -21,7 +21,10 @@ from typing import Any, Mapping, Sequence
 
 #: Phases the bundled workloads expose; a user's script may name its own.
 #: "begin" and "end" are implicit: the probe passes them at the edges of every step.
-STANDARD_PHASES = ("begin", "data", "forward", "backward", "optimizer", "checkpoint", "end")
+STANDARD_PHASES = ("begin", "data", "forward", "backward", "optimizer", "checkpoint",
+                   "checkpoint_commit", "end")
+#: Faults after which the targeted ranks do not go on with the generation.
+TERMINAL = ("kill", "crash_silently", "hang", "preempt", "shift_shards")
 
 _SELECTORS = ("all", "one", "minority")
 
@@ -132,3 +135,46 @@ def resolve_target(target: str, world_size: int, roles: Sequence[str], seed: int
     if not chosen:
         raise ScheduleError(f"target {target}: no rank has role {value!r} (roles: {sorted(set(roles))})")
     return chosen
+
+
+def validate(schedule: Schedule, *, world_size: int, steps: int,
+             phases: Sequence[str] = ()) -> None:
+    """Reject a schedule that cannot mean what its author wants, before any process starts.
+
+    Checks each fault against the world size in effect at its step (earlier reshards change it),
+    the run's length, the known phases (``STANDARD_PHASES`` plus ``phases``), faults that would
+    kill every rank, and two terminal faults at one point.
+    """
+    known = set(STANDARD_PHASES) | set(phases)
+    size = world_size
+    seen: dict[tuple[int, str], Fault] = {}
+    for fault in sorted(schedule.faults, key=lambda f: (f.step, _phase_order(f.phase))):
+        where = fault.describe()
+        if fault.step >= steps:
+            raise ScheduleError(f"{where}: the run has steps 0..{steps - 1}; raise steps or "
+                                f"move the fault")
+        if fault.phase not in known:
+            raise ScheduleError(f"{where}: unknown phase {fault.phase!r}; known phases are "
+                                f"{', '.join(sorted(known))} (pass phases=[...] if your script "
+                                f"marks its own with s.point())")
+        key, _, value = fault.target.partition(":")
+        if key == "rank" and int(value) >= size:
+            raise ScheduleError(f"{where}: rank {value} does not exist at step {fault.step}, "
+                                f"where the world size is {size}")
+        if fault.kind in ("kill", "crash_silently", "hang") and fault.target == "all" and size > 1:
+            raise ScheduleError(f"{where}: that takes down every rank, so nobody is left to "
+                                f"recover; target one rank or 'minority' (or use preempt)")
+        if fault.kind in TERMINAL:
+            other = seen.get((fault.step, fault.phase))
+            if other is not None:
+                raise ScheduleError(f"{where} conflicts with {other.describe()}: two faults that "
+                                    f"end the generation at one point; move one to another "
+                                    f"step or phase")
+            seen[(fault.step, fault.phase)] = fault
+        after = fault.params.get("to_world_size") or fault.params.get("then_world_size")
+        if after:
+            size = int(after)
+
+
+def _phase_order(phase: str) -> int:
+    return STANDARD_PHASES.index(phase) if phase in STANDARD_PHASES else len(STANDARD_PHASES)

@@ -52,6 +52,7 @@ class Scenario:
     startup_s: float = 60.0        # first event of a generation must come within this
     failure_grace_s: float = 5.0   # after an unplanned death, survivors get this long to exit
     memory_budget_bytes: int | None = None  # per-rank peak RSS budget (CPU); None: unlimited
+    phases: list[str] | None = None  # fault points the workload marks beyond STANDARD_PHASES
     max_generations: int = 12
 
     def to_dict(self) -> dict[str, Any]:

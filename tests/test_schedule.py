@@ -31,3 +31,27 @@ def test_random_targets_replay_from_the_seed():
 def test_bad_faults_say_what_to_fix(make, message):
     with pytest.raises(ScheduleError, match=message):
         make()
+
+
+from pytest_reshard.runner import scenario_from  # noqa: E402
+
+
+@pytest.mark.parametrize("faults, message", [
+    ([chaos.kill(rank=4, at_step=1)], "rank 4 does not exist at step 1, where the world size is 4"),
+    ([chaos.shift_shards(to_world_size=2, at_step=2), chaos.kill(rank=3, at_step=5)],
+     "rank 3 does not exist at step 5, where the world size is 2"),
+    ([chaos.kill(rank=0, at_step=10)], "the run has steps 0..9"),
+    ([chaos.kill(target="all", at_step=3)], "takes down every rank"),
+    ([chaos.kill(rank=0, at_step=3, phase="bakward")], "unknown phase 'bakward'"),
+    ([chaos.kill(rank=0, at_step=3), chaos.preempt(at_step=3, phase="backward")], "conflicts with"),
+])
+def test_schedules_are_validated_before_any_process_starts(faults, message):
+    with pytest.raises(ScheduleError, match=message):
+        scenario_from("lm", world_size=4, steps=10, faults=faults)
+
+
+def test_custom_phases_and_nested_fault_lists_are_accepted():
+    sc = scenario_from("lm", world_size=4, steps=10, phases=["loss_scale"],
+                       faults=[chaos.drain(world_size=4, at_step=2),
+                               chaos.kill(rank=0, at_step=8, phase="loss_scale")])
+    assert [f.kind for f in sc.schedule.faults] == ["shift_shards", "shift_shards", "kill"]
