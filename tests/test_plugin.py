@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_reshard import processes
+from pytest_reshard.forkserver import die_with_parent
 
 from .conftest import WORKLOADS
 
@@ -98,7 +99,8 @@ def test_long(reshard_run):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "--reshard-artifacts=art", "test_long.py"], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=die_with_parent)  # even if this test's own runner is killed
     try:
         events = tmp_path / "art" / "test_long.py__test_long" / "events"
         deadline = time.monotonic() + 60
