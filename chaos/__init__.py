@@ -13,7 +13,7 @@ from __future__ import annotations
 from pytest_reshard.schedule import Fault, ScheduleError
 
 __all__ = ["crash_silently", "drain", "ecc_error", "hang", "kill", "kill_during_save",
-           "memory_pressure", "preempt", "shift_shards", "slow_rank", "Fault"]
+           "memory_pressure", "preempt", "rebalance", "shift_shards", "slow_rank", "Fault"]
 
 
 def _target(rank: int | None, role: str | None, target: str | None, default: str) -> str:
@@ -79,6 +79,22 @@ def shift_shards(*, to_world_size: int, at_step: int, phase: str = "optimizer",
         raise ScheduleError(f"to_world_size must be >= 1, got {to_world_size}")
     return Fault("shift_shards", "all", at_step, phase,
                  {"to_world_size": int(to_world_size), "notice_s": _positive("notice_s", notice_s)})
+
+
+def rebalance(*, fraction: float = 0.2, at_step: int, phase: str = "optimizer",
+              notice_s: float = 10.0) -> Fault:
+    """A new shard map at the same world size (seed 000's 20% rebalance), with notice.
+
+    Layer: like ``shift_shards`` (notice, checkpoint, exit, relaunch), but the next generation
+    keeps its size and ``run.shard_map`` tells the workload that shard i now lives on rank
+    ``shard_map[i]``: ``fraction`` of the shards (at least two) moved to other ranks. A workload
+    that builds its device mesh from the map (the bundled LM does) then loads every moved shard
+    from another rank's files. Does not move live tensors between running processes.
+    """
+    if not 0 < fraction <= 1:
+        raise ScheduleError(f"rebalance fraction must be in (0, 1], got {fraction}")
+    return Fault("rebalance", "all", at_step, phase,
+                 {"fraction": float(fraction), "notice_s": _positive("notice_s", notice_s)})
 
 
 def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,

@@ -80,6 +80,7 @@ def _cause_phrase(history: History, ended: Generation) -> str:
         "preempt": "a preemption (SIGTERM)", "failure": "an unplanned failure",
         "hang": "a hang", "timeout": "a timeout", "error": "a harness error",
         "complete": "a completed generation", "drain": "a drain the workload requested",
+        "rebalance": "a planned rebalance",
     }
     if ended.cause is None:
         return f"generation {ended.gen} ended with no supervisor record (treated as unplanned)"

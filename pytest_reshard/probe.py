@@ -160,6 +160,7 @@ class Run:
         self.workdir: Path | None = None
         self.seed = 0
         self.role = role or "trainer"
+        self.shard_map: list[int] | None = None
         self._stop = False
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -172,6 +173,9 @@ class Run:
         plan = json.loads((root / f"plan-g{self.generation}.json").read_text())
         self.seed = int(plan["seed"])
         self.role = role or plan["roles"][self.rank]
+        #: shard_map[i] is the rank that holds shard i this generation (None: shard i on rank i).
+        #: A rebalance moves shards between ranks at the same world size.
+        self.shard_map = plan.get("shard_map")
         for fault in plan["faults"]:
             if self.rank in fault["ranks"]:
                 self._faults.setdefault((fault["step"], fault["phase"]), []).append(fault)
@@ -329,9 +333,9 @@ def _preempt(run: Run, fault: Mapping[str, Any]) -> None:
 
 def _shift_shards(run: Run, fault: Mapping[str, Any]) -> None:
     params = fault["params"]
-    run._notice = ReshardNotice(int(params["to_world_size"]), time.time() + float(params["notice_s"]))
-    run._emit("notice", kind="shift_shards", to_world_size=run._notice.to_world_size,
-              deadline=run._notice.deadline)
+    size = int(params.get("to_world_size", run.world_size))  # a rebalance keeps the size
+    run._notice = ReshardNotice(size, time.time() + float(params["notice_s"]), fault["kind"])
+    run._emit("notice", kind=fault["kind"], to_world_size=size, deadline=run._notice.deadline)
 
 
 def _hang(run: Run, fault: Mapping[str, Any]) -> None:
@@ -381,7 +385,7 @@ def _memory_pressure(run: Run, fault: Mapping[str, Any]) -> None:
 
 
 _EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang,
-              "ecc_error": _ecc_error, "crash_silently": _crash_silently,
+              "rebalance": _shift_shards, "ecc_error": _ecc_error, "crash_silently": _crash_silently,
               "slow_rank": _slow_rank, "memory_pressure": _memory_pressure}
 
 _RUN: Run | None = None
