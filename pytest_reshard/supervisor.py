@@ -92,9 +92,15 @@ class EventTail:
         self._offsets: dict[Path, int] = {}
         self._partial: dict[Path, bytes] = {}
         self.by_rank: dict[tuple[int, int], list[dict]] = {}
+        self._unseen: list[dict] = []
 
-    def poll(self, gen: int) -> list[dict]:
-        new = []
+    def take(self) -> list[dict]:
+        """Events read since the last ``take`` (whoever triggered the read)."""
+        new, self._unseen = self._unseen, []
+        return new
+
+    def poll(self, gen: int) -> None:
+        """Read what the ranks of ``gen`` appended since the last poll."""
         for path in sorted(self.dir.glob(f"g{gen}-r*.jsonl")):
             with open(path, "rb") as f:
                 f.seek(self._offsets.get(path, 0))
@@ -109,8 +115,7 @@ class EventTail:
             for line in lines:
                 ev = json.loads(line)
                 self.by_rank.setdefault((ev["gen"], ev["rank"]), []).append(ev)
-                new.append(ev)
-        return new
+                self._unseen.append(ev)
 
     def events(self, gen: int, rank: int) -> list[dict]:
         return self.by_rank.get((gen, rank), [])
@@ -121,6 +126,7 @@ class EventTail:
                 if g == gen and evs and evs[0]["ev"] == "start"}
 
     def clean_exit(self, gen: int, rank: int) -> bool:
+        self.poll(gen)
         evs = self.events(gen, rank)
         return bool(evs) and evs[-1]["ev"] == "exit"
 
@@ -340,6 +346,8 @@ class _Watch:
     def _on_events(self, events: list[dict]) -> None:
         now = time.monotonic()
         for ev in events:
+            if ev["gen"] != self.gen:
+                continue  # read late, after its generation ended
             self.last_progress = now
             kind = ev["ev"]
             if kind == "begin":
@@ -423,7 +431,8 @@ class _Watch:
         assert live is not None
         while True:
             codes = live.exit_codes()  # first: a rank writes all its events before it exits
-            self._on_events(sup.tail.poll(gen))
+            sup.tail.poll(gen)
+            self._on_events(sup.tail.take())
             now = time.monotonic()
             for rank, code in codes.items():
                 if code is not None and rank not in self.reported and self.failure is None:
