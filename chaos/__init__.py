@@ -83,13 +83,12 @@ def shift_shards(*, to_world_size: int, at_step: int, phase: str = "optimizer",
 
 def rebalance(*, fraction: float = 0.2, at_step: int, phase: str = "optimizer",
               notice_s: float = 10.0) -> Fault:
-    """A new shard map at the same world size (seed 000's 20% rebalance), with notice.
+    """A new shard placement at the same world size (seed 000's 20% rebalance), with notice.
 
     Layer: like ``shift_shards`` (notice, checkpoint, exit, relaunch), but the next generation
-    keeps its size and ``run.shard_map`` tells the workload that shard i now lives on rank
-    ``shard_map[i]``: ``fraction`` of the shards (at least two) moved to other ranks. A workload
-    that builds its device mesh from the map (the bundled LM does) then loads every moved shard
-    from another rank's files. Does not move live tensors between running processes.
+    keeps its size and ``fraction`` of the ranks (at least two) run on other devices:
+    ``LOCAL_RANK`` and ``run.device_map`` say which. On a GPU runner every moved shard really
+    lands on another GPU; on CPU only the processes change. Does not move live tensors.
     """
     if not 0 < fraction <= 1:
         raise ScheduleError(f"rebalance fraction must be in (0, 1], got {fraction}")

@@ -437,11 +437,17 @@ def state_equivalence(history: History) -> Verdict:
         comps = " and ".join(m["differ"])
         verb = "differs" if len(m["differ"]) == 1 else "differ"
         digests = ", ".join(f"{c}: {m['baseline'][c]} -> {load.digest[c]}" for c in m["differ"])
-        hint = ("save and load it through torch.distributed.checkpoint.state_dict "
-                "(get_state_dict/set_state_dict): the raw optimizer.state_dict() drops sharded "
-                "state" if "optimizer" in m["differ"] else
-                "the checkpoint does not round-trip it across this world size: save it with the "
-                "checkpoint and restore it on load")
+        if "model" in m["differ"]:
+            hint = ("the parameters themselves did not round-trip: shards landed in the wrong "
+                    "place or were changed after loading; compare the sharding (device mesh, "
+                    "placements) at save and at load")
+        elif "optimizer" in m["differ"]:
+            hint = ("save and load it through torch.distributed.checkpoint.state_dict "
+                    "(get_state_dict/set_state_dict): the raw optimizer.state_dict() drops "
+                    "sharded state")
+        else:
+            hint = ("the checkpoint does not round-trip it across this world size: save it with "
+                    "the checkpoint and restore it on load")
         text = (f"{comps} state {verb} after the {kind} of step {load.step} in generation "
                 f"{load.gen}{sizes} on rank {load.rank}: what was {m['source']} does not match what "
                 f"was loaded ({digests}); {hint}")

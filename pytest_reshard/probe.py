@@ -160,7 +160,7 @@ class Run:
         self.workdir: Path | None = None
         self.seed = 0
         self.role = role or "trainer"
-        self.shard_map: list[int] | None = None
+        self.device_map: list[int] | None = None
         self._stop = False
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -173,9 +173,10 @@ class Run:
         plan = json.loads((root / f"plan-g{self.generation}.json").read_text())
         self.seed = int(plan["seed"])
         self.role = role or plan["roles"][self.rank]
-        #: shard_map[i] is the rank that holds shard i this generation (None: shard i on rank i).
-        #: A rebalance moves shards between ranks at the same world size.
-        self.shard_map = plan.get("shard_map")
+        #: device_map[r] is the device (local rank) rank r runs on this generation, None for
+        #: r -> r. A rebalance moves some ranks' shards to other devices at the same world size;
+        #: the launcher sets LOCAL_RANK to match.
+        self.device_map = plan.get("device_map")
         for fault in plan["faults"]:
             if self.rank in fault["ranks"]:
                 self._faults.setdefault((fault["step"], fault["phase"]), []).append(fault)

@@ -150,7 +150,7 @@ class Outcome:
     fault_id: int | None = None
     detail: str = ""
     next_world_size: int | None = None  # None: the run is over
-    shard_map: list[int] | None = None  # the next generation's shard -> rank map (rebalance)
+    device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
 
 
 class Supervisor:
@@ -170,7 +170,7 @@ class Supervisor:
         self._own_launcher = launcher is None
         self.launcher = launcher or make_launcher(scenario.launcher, preload, self.tail)
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
-        self.shard_map: list[int] | None = None  # set by a rebalance for the next generation
+        self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
         self._live: Generation | None = None
 
     # -- recording -------------------------------------------------------------------------
@@ -197,7 +197,7 @@ class Supervisor:
                     self._progress(f"gave up after {sc.max_generations} generations")
                     break
                 outcome = self._generation(gen, world_size, deadline)
-                self.shard_map = outcome.shard_map
+                self.device_map = outcome.device_map
                 self.record("gen_end", gen=gen, cause=outcome.cause, planned=outcome.planned,
                             fault_id=outcome.fault_id, detail=outcome.detail)
                 self._progress(f"generation {gen} (world size {world_size}): {outcome.cause}"
@@ -235,7 +235,7 @@ class Supervisor:
             faults.append({"id": i, "kind": fault.kind, "ranks": ranks, "step": fault.step,
                            "phase": fault.phase, "params": dict(fault.params)})
         plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
-                "shard_map": self.shard_map, "faults": faults}
+                "device_map": self.device_map, "faults": faults}
         (self.run_dir / f"plan-g{gen}.json").write_text(json.dumps(plan, indent=1))
 
     def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
@@ -252,8 +252,8 @@ class Supervisor:
             RESHARD_STEPS=str(self.scenario.steps), PYTHONUNBUFFERED="1",
         )
         return [RankSpec(rank=r, argv=self.argv, cwd=os.getcwd(),
-                         env={**base, "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r),
-                              "RESHARD_ROLE": roles[r]},
+                         env={**base, "RANK": str(r), "ROLE_RANK": str(r), "RESHARD_ROLE": roles[r],
+                              "LOCAL_RANK": str(self.device_map[r] if self.device_map else r)},
                          log=self.logs_dir / f"g{gen}-r{r}.log")
                 for r in range(world_size)]
 
@@ -291,16 +291,16 @@ def _store(world_size: int) -> Any:
 
 
 def rebalanced(world_size: int, fraction: float, seed: str) -> list[int]:
-    """A shard -> rank map that moves ``fraction`` of the shards (at least two) to other ranks:
-    the chosen shards rotate one place among themselves, drawn from ``seed`` for replays."""
+    """A rank -> device map that moves ``fraction`` of the ranks (at least two) to other devices:
+    the chosen ones rotate one place among themselves, drawn from ``seed`` for replays."""
     import random
 
     moved = sorted(random.Random(seed).sample(range(world_size),
                                                min(world_size, max(2, round(fraction * world_size)))))
-    shard_map = list(range(world_size))
+    device_map = list(range(world_size))
     for i, shard in enumerate(moved):
-        shard_map[shard] = moved[(i + 1) % len(moved)]
-    return shard_map
+        device_map[shard] = moved[(i + 1) % len(moved)]
+    return device_map
 
 
 def make_launcher(name: str, preload: Sequence[str], tail: EventTail) -> Any:
@@ -516,13 +516,13 @@ class _Watch:
             after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
             detail = (f"the workload asked to drain to {after} ranks: {ev['reason']}"
                       if cause == "drain" else f"{ev['kind']} at step {ev['step']} {ev['phase']}")
-            shard_map = None
+            device_map = None
             if cause == "rebalance":
-                shard_map = rebalanced(self.world_size, params["fraction"],
+                device_map = rebalanced(self.world_size, params["fraction"],
                                        f"{sc.schedule.seed}:{ev['id']}")
-                detail += f": shards now on ranks {shard_map}"
+                detail += f": rank r now on device {device_map}[r]"
             return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
-                           next_world_size=int(after), shard_map=shard_map)
+                           next_world_size=int(after), device_map=device_map)
         # Everybody exited 0 with nothing planned: finished, or a silent early exit.
         last = {r: self._last_end(r) for r in codes}
         short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)
