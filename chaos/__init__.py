@@ -203,12 +203,14 @@ def drain(*, world_size: int, at_step: int, fraction: float = 0.5, waves: int = 
 
 def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
               role: str | None = None, target: str | None = None, kind: str = "dbe",
-              xid: int = 48, layer: str = "telemetry") -> Fault:
+              xid: int | None = None, layer: str = "telemetry",
+              then_world_size: int | None = None) -> Fault:
     """An ECC error on the target's device, at one of two layers (choose with ``layer``).
 
     - ``layer="telemetry"``: the counters a health monitor polls change at the fault point:
       volatile DBE/SBE count, retired pages, an Xid event (48 double-bit, 63 page retirement
-      recorded, 64 retirement failed), served through ``pytest_reshard.telemetry`` (NVML readings
+      recorded, 64 retirement failed, 94/95 contained/uncontained on A100 and newer; none for a
+      correctable ``sbe`` unless given), served through ``pytest_reshard.telemetry`` (NVML readings
       plus injected counts on a GPU; injected counts alone on CPU). Proves the workload's health
       monitor notices and drains the rank without committing the poisoned step.
     - ``layer="compute"``: the rank raises the CUDA error text ("CUDA error: uncorrectable ECC
@@ -219,9 +221,13 @@ def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
     """
     if kind not in ("dbe", "sbe"):
         raise ScheduleError(f"ecc_error kind must be 'dbe' or 'sbe', got {kind!r}")
-    if xid not in (48, 63, 64):
-        raise ScheduleError(f"ecc_error xid must be 48, 63 or 64, got {xid!r}")
+    if xid is None:
+        xid = 48 if kind == "dbe" else None  # a correctable error raises no Xid
+    if xid not in (None, 48, 63, 64, 94, 95):
+        raise ScheduleError(f"ecc_error xid must be 48, 63, 64, 94 or 95, got {xid!r}")
     if layer not in ("telemetry", "compute"):
         raise ScheduleError(f"ecc_error layer must be 'telemetry' or 'compute', got {layer!r}")
-    return Fault("ecc_error", _target(rank, role, target, "one"), at_step, phase,
-                 {"kind": kind, "xid": int(xid), "layer": layer})
+    params: dict = {"kind": kind, "xid": xid, "layer": layer}
+    if then_world_size is not None:  # after a compute-layer death
+        params["then_world_size"] = int(then_world_size)
+    return Fault("ecc_error", _target(rank, role, target, "one"), at_step, phase, params)

@@ -622,12 +622,54 @@ def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdi
                           f"{share:.0%} of the {budget / mib:.0f} MiB budget", replay=replay)
 
 
+# -- poisoned_commit -----------------------------------------------------------------------------
+#: Phases at which a step's update has not been applied yet (``s.point("optimizer"); opt.step()``).
+PRE_UPDATE = ("begin", "data", "forward", "backward", "optimizer")
+
+
+def poisoned_commit(history: History) -> Verdict:
+    """No step commits in a generation where a fatal ECC error hit one of its ranks during that
+    step, before its update: an uncorrectable error makes that step's gradients untrustworthy,
+    and nothing in the loss, samples or state shows it afterwards."""
+    from .telemetry import FATAL_XIDS
+
+    check, replay = "poisoned_commit", history.replay
+
+    def fatal(p: Mapping[str, Any]) -> bool:
+        return p.get("layer") == "compute" or p.get("kind", "dbe") == "dbe" or p.get("xid") in FATAL_XIDS
+
+    hits = [f for f in history.faults_fired()
+            if f.kind == "ecc_error" and f.phase in PRE_UPDATE and fatal(f.params)]
+    if not hits:
+        return Verdict.passed(check, "no fatal device error hit a step before its update",
+                              replay=replay)
+    bad = [f for f in hits if f.step in history.committed(f.gen)]
+    details = {"hits": [[f.gen, f.rank, f.step, f.phase] for f in hits],
+               "committed": [[f.gen, f.rank, f.step, f.phase] for f in bad]}
+    if not bad:
+        return Verdict.passed(check, f"{_count(len(hits), 'fatal device error')} hit a step before "
+                              "its update; none of those steps was committed", details=details,
+                              replay=replay)
+    f = bad[0]
+    how = ("the health monitor must poll the device before the update, agree across ranks and "
+           "abandon the step" if f.params.get("layer") != "compute" else
+           "the workload swallowed the CUDA error and went on with the step")
+    text = (f"step {f.step} was committed in generation {f.gen} although rank {f.rank}'s device "
+            f"reported a fatal ECC error at its {f.phase} point, before the update "
+            f"({history.describe_fault(f.id)}); {how}")
+    if len(bad) > 1:
+        text += f" ({len(bad)} poisoned steps committed in all)"
+    return Verdict.failed(check, text, step=f.step, rank=f.rank, generation=f.gen,
+                          fault=history.describe_fault(f.id), details=details, replay=replay)
+
+
 DEFAULT_CHECKS: Mapping[str, Checker] = {
     "no_rewind": no_rewind,
     "loss_continuity": loss_continuity,
     "exactly_once_samples": exactly_once_samples,
     "state_equivalence": state_equivalence,
     "liveness": liveness,
+    "poisoned_commit": poisoned_commit,
 }
 
 

@@ -352,7 +352,7 @@ def _ecc_error(run: Run, fault: Mapping[str, Any]) -> None:
     params = fault["params"]
     if params.get("layer", "telemetry") == "compute":
         raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
-                            f"Xid {params.get('xid', 48)})")
+                            f"Xid {params.get('xid') or 48})")
     from . import telemetry
 
     telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))

@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 COLUMNS = [("no_rewind", "rewind"), ("loss_continuity", "loss"),
            ("exactly_once_samples", "samples"), ("state_equivalence", "state"),
-           ("liveness", "live"), ("memory_headroom", "mem")]
+           ("liveness", "live"), ("poisoned_commit", "ecc"), ("memory_headroom", "mem")]
 MARK = {"pass": "pass", "fail": "FAIL", "unknown": "?"}
 
 

@@ -96,6 +96,7 @@ class Session:
             "loss_continuity": None,
             "state_equivalence": checkers.state_equivalence(history),
             "liveness": checkers.liveness(history),
+            "poisoned_commit": checkers.poisoned_commit(history),
         }
         reference = self.reference(scenario, scenario.world_size)
         other = _other_world_size(scenario, history)

@@ -32,7 +32,7 @@ from .schedule import Schedule, resolve_target
 POLL_S = 0.02
 PLANNED = {"shift_shards": "reshard", "rebalance": "rebalance", "preempt": "preempt",
            "drain": "drain"}
-DEATHS = ("kill", "crash_silently")  # faults whose victim is expected to die unplanned
+DEATHS = ("kill", "crash_silently", "ecc_error")  # faults whose victim may die unplanned
 
 
 @dataclass
@@ -281,6 +281,13 @@ class Supervisor:
                             budget_bytes=sc.memory_budget_bytes)
 
 
+def _is_fault(ev: dict, kinds: Sequence[str]) -> bool:
+    """A fault event of one of ``kinds``; an ECC error kills its rank only at the compute layer
+    (a raised CUDA error), never through telemetry (a counter the workload reads)."""
+    return ev["ev"] == "fault" and ev["kind"] in kinds and (
+        ev["kind"] != "ecc_error" or ev["params"].get("layer") == "compute")
+
+
 def _store(world_size: int) -> Any:
     from datetime import timedelta
 
@@ -415,15 +422,12 @@ class _Watch:
 
     def _faulted_rank(self, kinds: Sequence[str]) -> int | None:
         for (gen, rank), evs in self.sup.tail.by_rank.items():
-            if gen == self.gen and any(e["ev"] == "fault" and e["kind"] in kinds for e in evs):
+            if gen == self.gen and any(_is_fault(e, kinds) for e in evs):
                 return rank
         return None
 
     def _fault_for(self, rank: int, kinds: Sequence[str]) -> dict | None:
-        for ev in self.sup.tail.events(self.gen, rank):
-            if ev["ev"] == "fault" and ev["kind"] in kinds:
-                return ev
-        return None
+        return next((e for e in self.sup.tail.events(self.gen, rank) if _is_fault(e, kinds)), None)
 
     def run(self) -> Outcome:
         sup, sc, gen = self.sup, self.sc, self.gen

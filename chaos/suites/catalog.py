@@ -25,6 +25,9 @@ SCENARIOS = {
     "preempt-one": dict(faults=[chaos.preempt(rank=2, at_step=5, phase="backward")]),
     "hang-sigstop": dict(faults=[chaos.hang(rank=1, at_step=6, phase="backward")]),
     "hang-block": dict(stall_s=3, faults=[chaos.hang(rank=2, at_step=6, mode="block")]),
+    "ecc-telemetry": dict(faults=[chaos.ecc_error(rank=2, at_step=4, phase="forward")]),
+    "ecc-compute-replicated": dict(args=REPLICATED, faults=[
+        chaos.ecc_error(rank=1, at_step=4, phase="backward", layer="compute")]),
     "slow-rank": dict(faults=[chaos.slow_rank(rank=0, at_step=3, steps=3, delay_ms=100)]),
     "memory-pressure": dict(memory_budget_bytes=4 * 2**30,
                             faults=[chaos.memory_pressure(rank=1, at_step=3, bytes=200 * 2**20)]),
