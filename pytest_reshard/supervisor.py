@@ -513,6 +513,10 @@ class _Watch:
                 return Outcome("failure", detail=detail)
             after = int(fault["params"].get("then_world_size") or self.world_size)
             return Outcome("failure", fault_id=fault["id"], detail=detail, next_world_size=after)
+        if self.planned is not None and self._finished(codes):
+            ev = self.planned  # a notice at the last step: nothing is left for a next generation
+            return Outcome("complete", fault_id=ev["id"],
+                           detail=f"{ev['kind']} arrived after the last step had run")
         if self.planned is not None:
             ev = self.planned
             cause = PLANNED[ev["kind"]]
@@ -534,6 +538,10 @@ class _Watch:
             rank = short[0]
             return Outcome("failure", detail=self._detect("exited_early", rank, expected=False))
         return Outcome("complete")
+
+    def _finished(self, codes: dict[int, int | None]) -> bool:
+        """Every rank ended the run's last step (so there is nothing left to resume)."""
+        return all((self._last_end(r) or -1) >= self.sc.steps - 1 for r in codes)
 
     def _last_end(self, rank: int) -> int | None:
         ends = [ev["step"] for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] == "end"]

@@ -74,3 +74,10 @@ def test_scenario_timeout_ends_every_process(reshard_run, toy):
     with pytest.raises(ReshardAssertionError, match="liveness FAIL.*timeout"):
         result.assert_live()
     assert not any(processes.listening(p) for p in ports_of(result.run_dir))
+
+
+def test_planned_reshard_at_the_last_step_completes_the_run(reshard_run, toy):
+    """Found by the property tests: a notice on the last step leaves nothing to resume."""
+    result = reshard_run(toy, steps=8, faults=[chaos.shift_shards(to_world_size=2, at_step=7)])
+    result.assert_ok()
+    assert [g.cause for g in result.history.generations.values()] == ["complete"]
