@@ -22,7 +22,10 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), torchrun"),
+    ("reshard_profile", "string", "ci", "hypothesis profile of property-based chaos tests: ci (10 "
+     "examples, derandomized) or nightly (50, with a database); env RESHARD_PROFILE beats ini"),
 ]
+PROFILES = ("ci", "nightly")
 _STATE = pytest.StashKey["_State"]()
 
 
@@ -39,6 +42,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def _setting(config: pytest.Config, name: str) -> str:
     value = config.getoption(name)
     source = "--" + name.replace("_", "-")
+    if value is None and name == "reshard_profile" and os.environ.get("RESHARD_PROFILE"):
+        value, source = os.environ["RESHARD_PROFILE"], "env RESHARD_PROFILE"
     if value is None:
         value, source = config.getini(name), f"ini {name}"
     return _validate(name, str(value), source)
@@ -57,6 +62,8 @@ def _validate(name: str, value: str, source: str) -> str:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
     if name == "reshard_launcher" and value not in LAUNCHERS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
+    if name == "reshard_profile" and value not in PROFILES:
+        raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(PROFILES)}")
     return value
 
 
@@ -89,12 +96,25 @@ def pytest_configure(config: pytest.Config) -> None:
     ):
         config.addinivalue_line("markers", line)
     config.stash[_STATE] = _State(config)
+    _use_profile(config.stash[_STATE].settings["reshard_profile"])
+
+
+def _use_profile(name: str) -> None:
+    """Make ``name`` the profile of ``pytest_reshard.strategies``; register the hypothesis
+    profiles only if hypothesis is importable (neither it nor torch is imported otherwise)."""
+    import importlib.util
+
+    from . import strategies  # stdlib only at import
+
+    strategies.ACTIVE_PROFILE = name
+    if importlib.util.find_spec("hypothesis") is not None:
+        strategies.register_profiles()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     s = config.stash[_STATE].settings
     return (f"reshard: seed={s['reshard_seed']} backend={s['reshard_backend']} "
-            f"launcher={s['reshard_launcher']} artifacts={s['reshard_artifacts']}")
+            f"launcher={s['reshard_launcher']} profile={s['reshard_profile']} artifacts={s['reshard_artifacts']}")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -18,6 +18,9 @@ p.add_argument("--steps", type=int, default=int(os.environ.get("RESHARD_STEPS", 
 p.add_argument("--ckpt-every", type=int, default=5)
 p.add_argument("--restart-from-zero", action="store_true", help="bug: ignore the checkpoint")
 p.add_argument("--drop-optimizer-state", action="store_true", help="bug: do not restore AdamW")
+p.add_argument("--bug-reshard-after-kill", action="store_true",
+               help="bug: a planned reshard within 3 steps of resuming after an unplanned failure "
+                    "saves the checkpoint one step short, so the next generation replays a step")
 args = p.parse_args()
 
 run = probe.attach(max_rewind_steps=args.ckpt_every)
@@ -50,6 +53,11 @@ if ckpt.exists() and not args.restart_from_zero:
     start = state["step"] + 1
     run.checkpoint_loaded(state["step"], state_digest(state["step"]))
 run.resumed(step=start, source="checkpoint" if start else "fresh")
+# Generation markers: rank 0 writes gen-<g>.clean after its last save of a generation that ends
+# on purpose (finished, planned reshard, preemption). A generation > 0 whose predecessor left no
+# such marker resumed after an unplanned failure (a kill, a crash, a hang).
+gen = run.generation if run.active else 0
+after_failure = gen > 0 and not (workdir / f"gen-{gen - 1}.clean").exists()
 
 
 def save(step):
@@ -83,9 +91,14 @@ for step in range(start, args.steps):
     stop = torch.tensor(float(bool(run.reshard_requested() or run.stop_requested())))
     dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     if stop.item() or (step + 1) % args.ckpt_every == 0:
-        save(step)
+        buggy = (args.bug_reshard_after_kill and after_failure and run.reshard_requested() is not None
+                 and step - start < 3)
+        save(step - 1 if buggy else step)  # bug: labels the state one step short
     if stop.item():
         break
+
+if rank == 0:
+    (workdir / f"gen-{gen}.clean").touch()
 
 run.close()
 dist.destroy_process_group()
