@@ -193,12 +193,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state: _State = config.stash[_STATE]
     if not state.results:
         return
-    from .report import verdict_table
+    from .report import markdown_summary, verdict_table
 
     terminalreporter.section("reshard verdicts")
     for line in verdict_table(state.results):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"artifacts: {state.settings['reshard_artifacts']}")
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:  # GitHub Actions shows this file on the run's page
+        with open(summary, "a") as f:
+            f.write(markdown_summary(state.results))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -29,3 +29,18 @@ def verdict_table(results: Sequence[Any]) -> list[str]:
 
 def _short_name(nodeid: str) -> str:
     return nodeid.split("::")[-1]
+
+
+def markdown_summary(results: Sequence[Any]) -> str:
+    """The verdict table as Markdown, for ``$GITHUB_STEP_SUMMARY``."""
+    head = ["scenario", "faults", *(short for _, short in COLUMNS), "wall s"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        cells = [_short_name(r.name), r.scenario.schedule.describe(),
+                 *(MARK[r.verdicts[c].status] if c in r.verdicts else "-" for c, _ in COLUMNS),
+                 f"{r.wall_s:.1f}"]
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    failures = [f"- **{_short_name(r.name)}** `{v.check}` {v.status}: {v.message}\n"
+                f"  replay: `{r.replay}`"
+                for r in results for v in r.verdicts.values() if v.status != "pass"]
+    return "\n".join(["## reshard verdicts", "", *rows, "", *failures, ""])

@@ -72,7 +72,10 @@ def test_reshard_run_reports_table_artifacts_and_properties(pytester):
                                  faults=[chaos.shift_shards(to_world_size=2, at_step=3)])
             result.assert_ok()
     """)
-    result = pytester.runpytest_subprocess("--junitxml=junit.xml", "--reshard-artifacts=art")
+    summary = pytester.path / "summary.md"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GITHUB_STEP_SUMMARY", str(summary))
+        result = pytester.runpytest_subprocess("--junitxml=junit.xml", "--reshard-artifacts=art")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*reshard verdicts*", "scenario*faults*rewind*loss*samples*state*live*wall s",
                                  "test_train*shift_shards(all) at step 3*pass*pass*pass*pass*pass*"])
@@ -81,6 +84,7 @@ def test_reshard_run_reports_table_artifacts_and_properties(pytester):
     assert verdict["status"] == "pass" and set(verdict["checks"]) >= {"no_rewind", "liveness"}
     assert "--reshard-seed=0" in (run_dir / "replay.txt").read_text()
     assert list((run_dir / "events").glob("g1-r*.jsonl"))
+    assert "| test_train | shift_shards(all) at step 3" in summary.read_text()
     junit = (pytester.path / "junit.xml").read_text()
     assert 'name="reshard_verdict" value="pass"' in junit
     assert 'name="reshard_schedule_hash"' in junit
