@@ -6,10 +6,10 @@ set of preloaded modules) and the clean reference runs that loss continuity comp
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shlex
-import dataclasses
 import shutil
 import time
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from .history import History
 from .result import Result
+from .verdict import Verdict
 from .schedule import Fault, Schedule, validate
 from .launchers import ForkLauncher
 from .supervisor import Scenario, Supervisor, workload_argv
@@ -65,12 +66,17 @@ class Session:
         return History.load(run_dir)
 
     def reference(self, scenario: Scenario, world_size: int) -> History:
-        """A fault-free run of the same workload, seed and data at ``world_size`` (cached)."""
-        clean = Scenario(**{**scenario.__dict__, "world_size": world_size,
-                            "schedule": Schedule(scenario.schedule.seed)})
-        key = hashlib.sha256(json.dumps(
-            {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s",)},
-            sort_keys=True).encode()).hexdigest()[:12]
+        """A fault-free run of the same workload, seed and data at ``world_size`` (cached).
+
+        Only what shapes the loss keys the cache; chaos knobs (memory budget, hang and stall
+        limits) are left at their defaults, so a budget meant for the faulty run cannot end the
+        clean one."""
+        clean = Scenario(workload=scenario.workload, world_size=world_size, steps=scenario.steps,
+                         schedule=Schedule(scenario.schedule.seed), args=list(scenario.args),
+                         timeout_s=scenario.timeout_s, backend=scenario.backend,
+                         launcher=scenario.launcher, roles=scenario.roles)
+        shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
+        key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         if key not in self._references:
             self.progress(f"reference run: {scenario.workload}, world size {world_size}")
             self._references[key] = self.execute(clean, self.artifacts / "_references" / key)
@@ -100,13 +106,21 @@ class Session:
         }
         reference = self.reference(scenario, scenario.world_size)
         other = _other_world_size(scenario, history)
-        spread = None
-        if other is not None:
-            spread = checkers.measure_spread(reference, self.reference(scenario, other))
-        verdicts["loss_continuity"] = checkers.loss_continuity(history, reference=reference,
-                                                               spread=spread)
-        verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
-                                                                         reference=reference)
+        second = self.reference(scenario, other) if other is not None else None
+        broken = [(h, v) for h in (reference, second) if h is not None
+                  for v in [checkers.liveness(h)] if v.status != "pass"]
+        if broken:  # without a clean run there is nothing to compare against: say so
+            h, v = broken[0]
+            why = (f"the clean reference run (world size {h.scenario.world_size if h.scenario else '?'}) "
+                   f"did not finish: {v.message}")
+            for name in ("loss_continuity", "exactly_once_samples"):
+                verdicts[name] = Verdict.unknown(name, why)
+        else:
+            spread = checkers.measure_spread(reference, second) if second is not None else None
+            verdicts["loss_continuity"] = checkers.loss_continuity(history, reference=reference,
+                                                                   spread=spread)
+            verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
+                                                                             reference=reference)
         if scenario.memory_budget_bytes:
             verdicts["memory_headroom"] = checkers.memory_headroom(history)
         return verdicts

@@ -81,3 +81,22 @@ def test_planned_reshard_at_the_last_step_completes_the_run(reshard_run, toy):
     result = reshard_run(toy, steps=8, faults=[chaos.shift_shards(to_world_size=2, at_step=7)])
     result.assert_ok()
     assert [g.cause for g in result.history.generations.values()] == ["complete"]
+
+
+def test_a_workload_that_cannot_run_clean_gets_no_fake_comparison(reshard_run, tmp_path):
+    script = tmp_path / "broken_train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from pytest_reshard import probe\n"
+        "run = probe.attach()\n"
+        "dist.init_process_group('gloo')\n"
+        "run.resumed(step=0)\n"
+        "for step in range(4):\n"
+        "    with run.step(step) as s:\n"
+        "        s.record(loss=1.0, samples=[step * 2 + dist.get_rank()])\n"
+        "        if step == 2:\n"
+        "            raise RuntimeError('a bug in the training loop')\n")
+    result = reshard_run(str(script), world_size=2, steps=4)
+    assert result.verdicts["liveness"].status == "fail"
+    loss = result.verdicts["loss_continuity"]
+    assert loss.status == "unknown" and "clean reference run" in loss.message
