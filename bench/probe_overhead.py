@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_reshard.history import History
 from pytest_reshard.probe import Run
 from pytest_reshard.runner import Session, scenario_from
 

@@ -57,7 +57,8 @@ def _validate(name: str, value: str, source: str) -> str:
             int(value)
     except ValueError:
         raise pytest.UsageError(f"{source}={value!r}: expected a "
-                                f"{'positive number' if name == 'reshard_timeout' else 'integer'}")
+                                f"{'positive number' if name == 'reshard_timeout' else 'integer'}"
+                                ) from None
     if name == "reshard_backend" and value not in BACKENDS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
     if name == "reshard_launcher" and value not in LAUNCHERS:

@@ -93,7 +93,6 @@ def _feed(h: "hashlib._Hash", obj: Any) -> None:
     elif isinstance(obj, (bytes, bytearray)):
         h.update(b"b" + bytes(obj))
     elif type(obj).__module__.startswith("torch") and hasattr(obj, "detach"):
-        import torch
 
         t = obj.detach()
         if hasattr(t, "full_tensor"):

@@ -6,7 +6,6 @@ Linux only (reads /proc); elsewhere the lists are empty.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 

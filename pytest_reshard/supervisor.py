@@ -505,7 +505,7 @@ class _Watch:
                               f" ran out (generation {self.gen}); killed them")
 
     def _classify(self, codes: dict[int, int | None]) -> Outcome:
-        sc, gen = self.sc, self.gen
+        sc = self.sc
         if self.failure is not None:
             rank, code, _, detail = self.failure
             fault = self._fault_for(rank, DEATHS)

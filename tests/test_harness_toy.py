@@ -1,5 +1,4 @@
 """End to end with a user's own script (tests/workloads/toy_train.py): real processes, gloo."""
-import os
 
 import pytest
 

@@ -16,7 +16,6 @@ import pytest
 
 from pytest_reshard import chaos
 from pytest_reshard.checkers import poisoned_commit
-from pytest_reshard.history import History
 
 pytestmark = pytest.mark.reshard(world_size=4, steps=10, timeout=180)
 POISONED = 4  # the step the ECC error hits

@@ -1,7 +1,6 @@
 """The probe in-process: events, faults at points, and the no-op outside the harness."""
 import json
 import math
-import os
 
 import pytest
 

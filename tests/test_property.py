@@ -4,7 +4,6 @@ One runner Session serves the whole module (warm fork server, cached reference r
 generated schedule costs about a second. The scenarios are small (2 ranks, 5 steps) on purpose.
 """
 import json
-import os
 from pathlib import Path
 
 import pytest
