@@ -22,6 +22,11 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), torchrun"),
+    ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
+    ("reshard_compare", "string", "", "compare this run's numbers with baseline NAME"),
+    ("reshard_compare_fail", "string", "", "fail on regressions vs the baseline, e.g. "
+     "'peak_mem:+150MB,step_time:+10%,throughput:-10%'"),
+    ("reshard_baselines", "string", ".reshard-baselines", "folder that holds saved baselines"),
     ("reshard_profile", "string", "ci", "hypothesis profile of property-based chaos tests: ci (10 "
      "examples, derandomized) or nightly (50, with a database); env RESHARD_PROFILE beats ini"),
 ]
@@ -63,6 +68,13 @@ def _validate(name: str, value: str, source: str) -> str:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
     if name == "reshard_launcher" and value not in LAUNCHERS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
+    if name == "reshard_compare_fail" and value:
+        from .gate import GateError, parse
+
+        try:
+            parse(value)
+        except GateError as e:
+            raise pytest.UsageError(f"{source}: {e}") from None
     if name == "reshard_profile" and value not in PROFILES:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(PROFILES)}")
     return value
@@ -73,6 +85,8 @@ class _State:
         self.settings = {name: _setting(config, name) for name, *_ in OPTIONS}
         self.session: Any = None
         self.results: list[Any] = []
+        self.metrics: dict[str, dict[str, Any]] = {}  # test name -> gate metrics
+        self.changes: list[Any] = []  # gate comparisons against a baseline
 
     def harness(self, config: pytest.Config) -> Any:
         if self.session is None:
@@ -174,9 +188,32 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         state.results.append(result)
         record_property("reshard_verdict", result.verdict.status)
         record_property("reshard_schedule_hash", scenario.schedule.hash)
+        _gate(state, name, result)
         return result
 
     return run
+
+
+def _gate(state: "_State", name: str, result: Any) -> None:
+    """Record the run's numbers; against a baseline, fail naming what regressed by how much."""
+    s = state.settings
+    if not (s["reshard_save_baseline"] or s["reshard_compare"]):
+        return
+    from . import gate
+    from .result import ReshardAssertionError
+
+    state.metrics[name] = gate.metrics(result.history)
+    if not s["reshard_compare"]:
+        return
+    baseline = gate.load(Path(s["reshard_baselines"]) / f"{s['reshard_compare']}.json")
+    limits = gate.parse(s["reshard_compare_fail"]) if s["reshard_compare_fail"] else []
+    changes = gate.compare(baseline, name, state.metrics[name], limits)
+    state.changes.extend(changes)
+    bad = [c for c in changes if c.regressed]
+    if bad:
+        raise ReshardAssertionError(
+            f"regressed against baseline {s['reshard_compare']!r}:\n"
+            + "\n".join("  " + c.describe() for c in bad))
 
 
 def _resolve_backend(backend: str) -> str:
@@ -200,10 +237,23 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     for line in verdict_table(state.results):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"artifacts: {state.settings['reshard_artifacts']}")
+    if state.changes:
+        terminalreporter.section(f"reshard baseline {state.settings['reshard_compare']!r}")
+        for change in state.changes:
+            terminalreporter.write_line(("REGRESSED " if change.regressed else "") + change.describe())
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # GitHub Actions shows this file on the run's page
         with open(summary, "a") as f:
             f.write(markdown_summary(state.results))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state: _State = session.config.stash[_STATE]
+    name = state.settings["reshard_save_baseline"]
+    if name and state.metrics:
+        from . import gate
+
+        gate.save(Path(state.settings["reshard_baselines"]) / f"{name}.json", state.metrics)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
