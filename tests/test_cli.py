@@ -11,7 +11,7 @@ def run_cli(*args, cwd):
 
 
 def test_bundled_suites_are_listed_and_collect(tmp_path):
-    assert {"smoke", "catalog"} <= set(cli.suites())
+    assert cli.suites() == ["catalog", "nightly", "smoke"]
     for suite in ("smoke", "catalog"):
         out = run_cli(suite, "--", "--collect-only", "-q", cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -20,7 +20,7 @@ def test_bundled_suites_are_listed_and_collect(tmp_path):
 
 def test_unknown_suite_and_missing_replay_say_what_to_do(tmp_path):
     out = run_cli("nosuch", cwd=tmp_path)
-    assert out.returncode == 2 and "bundled suites: catalog, smoke" in out.stderr
+    assert out.returncode == 2 and "bundled suites: catalog, nightly, smoke" in out.stderr
     out = run_cli("replay", str(tmp_path / "nothing.json"), cwd=tmp_path)
     assert out.returncode == 2 and "pass a scenario.json" in out.stderr
 
