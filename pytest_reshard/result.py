@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .history import History
 from .supervisor import Scenario
@@ -78,9 +77,3 @@ class Result:
     def assert_ok(self, *, allow_unknown: bool = False) -> None:
         """Every default checker passed."""
         self._assert(*self.verdicts, allow_unknown=allow_unknown)
-
-    def summary(self) -> dict[str, Any]:
-        return {"name": self.name, "faults": self.scenario.schedule.describe(),
-                "checks": {k: v.status for k, v in self.verdicts.items()},
-                "status": self.verdict.status, "wall_s": self.wall_s,
-                "hash": self.scenario.schedule.hash}
