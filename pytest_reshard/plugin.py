@@ -38,7 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("reshard", "pytest-reshard: chaos tests of distributed training")
     for name, kind, default, help_ in OPTIONS:
         flag = "--" + name.replace("_", "-")
-        group.addoption(flag, dest=name, default=None, help=f"{help_} (ini: {name}; default {default})")
+        text = f"{help_} (ini: {name}; default {default or 'unset'})".replace("%", "%%")  # argparse
+        group.addoption(flag, dest=name, default=None, help=text)
         parser.addini(name, help_, type=kind, default=default)
     group.addoption("--reshard-nightly", action="store_true", default=False,
                     help="also run tests marked nightly (long chaos runs)")
