@@ -438,9 +438,12 @@ class _Watch:
             sup.tail.poll(gen)
             self._on_events(sup.tail.take())
             now = time.monotonic()
-            for rank, code in codes.items():
-                if code is not None and rank not in self.reported and self.failure is None:
-                    self._on_exit(rank, code, codes, now)
+            # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
+            # silent exit, an exception of its own) stops writing events before its peers fail.
+            exited = [r for r, c in codes.items() if c is not None and r not in self.reported]
+            for rank in sorted(exited, key=self._last_event_t):
+                if self.failure is None:
+                    self._on_exit(rank, codes[rank], codes, now)
             self._watch_memory(live, codes)
             if all(c is not None for c in codes.values()):
                 return self._classify(codes)
@@ -538,6 +541,10 @@ class _Watch:
             rank = short[0]
             return Outcome("failure", detail=self._detect("exited_early", rank, expected=False))
         return Outcome("complete")
+
+    def _last_event_t(self, rank: int) -> float:
+        events = self.sup.tail.events(self.gen, rank)
+        return events[-1]["t"] if events else float("inf")
 
     def _finished(self, codes: dict[int, int | None]) -> bool:
         """Every rank ended the run's last step (so there is nothing left to resume)."""
