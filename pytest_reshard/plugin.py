@@ -19,7 +19,8 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_artifacts", "string", "reshard-artifacts",
      "folder for per-test artifacts: history, verdict.json, replay command"),
     ("reshard_timeout", "string", "300", "seconds a scenario may run before it is ended (all ranks killed)"),
-    ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one"),
+    ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one; 'last' "
+     "reuses the previous run's"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), torchrun"),
     ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
@@ -59,11 +60,11 @@ def _validate(name: str, value: str, source: str) -> str:
     try:
         if name == "reshard_timeout" and float(value) <= 0:
             raise ValueError
-        if name == "reshard_seed":
+        if name == "reshard_seed" and value != "last":
             int(value)
     except ValueError:
         raise pytest.UsageError(f"{source}={value!r}: expected a "
-                                f"{'positive number' if name == 'reshard_timeout' else 'integer'}"
+                                f"{'positive number' if name == 'reshard_timeout' else 'integer or last'}"
                                 ) from None
     if name == "reshard_backend" and value not in BACKENDS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
@@ -111,8 +112,22 @@ def pytest_configure(config: pytest.Config) -> None:
         "nightly: a long chaos run; skipped unless --reshard-nightly",
     ):
         config.addinivalue_line("markers", line)
-    config.stash[_STATE] = _State(config)
+    state = config.stash[_STATE] = _State(config)
+    _remember_seed(config, state)
     _use_profile(config.stash[_STATE].settings["reshard_profile"])
+
+
+def _remember_seed(config: pytest.Config, state: "_State") -> None:
+    """Resolve ``--reshard-seed=last`` from pytest's cache, and remember this run's seed."""
+    cache = getattr(config, "cache", None)
+    if state.settings["reshard_seed"] == "last":
+        last = cache.get("reshard/seed", None) if cache is not None else None
+        if last is None:
+            raise pytest.UsageError("--reshard-seed=last: no previous seed is recorded (the "
+                                    "cache is empty or disabled); pass a number")
+        state.settings["reshard_seed"] = str(last)
+    if cache is not None:
+        cache.set("reshard/seed", int(state.settings["reshard_seed"]))
 
 
 def _use_profile(name: str) -> None:

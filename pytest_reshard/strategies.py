@@ -196,3 +196,58 @@ def schedules(world_size: int, steps: int, *,
         return Schedule(seed, out)
 
     return build()
+
+
+def schedule_machine(run: Any, world_size: int, steps: int, *,
+                     world_sizes: Sequence[int] | None = None, phase: str = "forward",
+                     seed: int = 0) -> type:
+    """A Hypothesis ``RuleBasedStateMachine`` whose rules build a schedule step by step:
+    ``train(n)`` moves the clock, ``kill``, ``shift_shards`` and ``preempt`` add a fault at the
+    clock. At teardown ``run(schedule)`` executes it and must return a Result; every checker is
+    an invariant (``assert_ok``). The run happens once, at teardown: real training cannot pause
+    between rules, so the machine composes the schedule and the processes then play it.
+
+        TestChaos = strategies.schedule_machine(lambda s: session.run(...), 4, 12).TestCase
+    """
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+    sizes = _sizes(world_size, 1, world_sizes)
+
+    class ScheduleMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.clock, self.size, self.faults = 0, world_size, []
+
+        def _add(self, fault: Fault) -> None:
+            self.faults.append(fault)
+            self.clock += 1  # one terminal fault per step
+
+        @rule(n=st.integers(1, 3))
+        def train(self, n: int) -> None:
+            self.clock += n
+
+        @precondition(lambda self: self.clock < steps and self.size >= 2)
+        @rule(data=st.data())
+        def kill(self, data: Any) -> None:
+            rank = data.draw(st.integers(0, self.size - 1), label="rank")
+            self._add(Fault("kill", f"rank:{rank}", self.clock, phase, {}))
+
+        @precondition(lambda self: self.clock < steps)
+        @rule(data=st.data())
+        def shift_shards(self, data: Any) -> None:
+            to = data.draw(st.sampled_from(sizes), label="to_world_size")
+            self._add(Fault("shift_shards", "all", self.clock, phase,
+                            {"to_world_size": to, "notice_s": NOTICE_S}))
+            self.size = to
+
+        @precondition(lambda self: self.clock < steps)
+        @rule()
+        def preempt(self) -> None:
+            self._add(Fault("preempt", "all", self.clock, phase, {"grace_s": NOTICE_S}))
+
+        def teardown(self) -> None:
+            if self.faults:
+                run(Schedule(seed, self.faults)).assert_ok()
+
+    return ScheduleMachine

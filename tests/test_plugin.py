@@ -37,7 +37,7 @@ def test_header_shows_seed_and_backend(pytester):
 @pytest.mark.parametrize("args, ini, message", [
     (["--reshard-backend=mpi"], "", "*--reshard-backend='mpi': choose one of auto, gloo, nccl*"),
     ([], "reshard_timeout = -1", "*ini reshard_timeout='-1': expected a positive number*"),
-    (["--reshard-seed=abc"], "", "*--reshard-seed='abc': expected a integer*"),
+    (["--reshard-seed=abc"], "", "*--reshard-seed='abc': expected a integer or last*"),
 ])
 def test_bad_settings_are_rejected_naming_their_source(pytester, args, ini, message):
     pytester.makeini(f"[pytest]\n{ini}\n")
@@ -129,3 +129,13 @@ def test_plugin_and_probe_do_not_import_torch():
     code = ("import sys, pytest_reshard.plugin, pytest_reshard.probe, pytest_reshard.runner; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_seed_last_reuses_the_previous_run(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    first = pytester.runpytest_subprocess("--reshard-seed=41")
+    first.stdout.fnmatch_lines(["reshard: seed=41 *"])
+    again = pytester.runpytest_subprocess("--reshard-seed=last")
+    again.stdout.fnmatch_lines(["reshard: seed=41 *"])
+    empty = pytester.runpytest_subprocess("--reshard-seed=last", "-p", "no:cacheprovider")
+    empty.stderr.fnmatch_lines(["*--reshard-seed=last: no previous seed is recorded*"])

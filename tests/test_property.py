@@ -101,3 +101,23 @@ def test_property_finds_reshard_after_kill_and_shrinks_it(session, tmp_path):
     replayed = json.loads((tmp_path / f"replay-{schedule.hash}" / "verdict.json").read_text())
     assert replayed["schedule_hash"] == schedule.hash
     assert sorted(n for n, c in replayed["checks"].items() if c["status"] == "fail") == failed
+
+
+def test_stateful_schedules_keep_the_checkers_invariant(session):
+    """The stateful mode: rules compose train/kill/shift_shards/preempt; the checkers hold."""
+    from hypothesis import settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    machine = strategies.schedule_machine(lambda s: run_toy(session, s, [], "stateful"),
+                                          WORLD, STEPS, world_sizes=(1, 2), phase="forward")
+    ran = []
+    original = machine.teardown
+
+    def counting_teardown(self):
+        ran.append(list(self.faults))
+        original(self)
+
+    machine.teardown = counting_teardown
+    run_state_machine_as_test(machine, settings=settings(
+        strategies.profile("ci"), max_examples=4, stateful_step_count=4))
+    assert any(ran), "no example added a fault"
