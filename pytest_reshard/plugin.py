@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import pytest
 
+from .strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
+
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("fork", "local", "torchrun")
 
@@ -31,7 +33,6 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_profile", "string", "ci", "hypothesis profile of property-based chaos tests: ci (10 "
      "examples, derandomized) or nightly (50, with a database); env RESHARD_PROFILE beats ini"),
 ]
-PROFILES = ("ci", "nightly")
 _STATE = pytest.StashKey["_State"]()
 
 

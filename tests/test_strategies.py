@@ -97,6 +97,13 @@ def test_p():
 """
 
 
+def _profile_env(monkeypatch, env):
+    if env is None:
+        monkeypatch.delenv("RESHARD_PROFILE", raising=False)
+    else:
+        monkeypatch.setenv("RESHARD_PROFILE", env)
+
+
 @pytest.mark.parametrize("args, env, ini, shown", [
     ([], None, "", "ci"),
     ([], None, "reshard_profile = nightly", "nightly"),
@@ -104,10 +111,7 @@ def test_p():
     (["--reshard-profile=ci"], "nightly", "reshard_profile = nightly", "ci"),  # command line wins
 ])
 def test_profile_precedence_and_header(pytester, monkeypatch, args, env, ini, shown):
-    if env is None:
-        monkeypatch.delenv("RESHARD_PROFILE", raising=False)
-    else:
-        monkeypatch.setenv("RESHARD_PROFILE", env)
+    _profile_env(monkeypatch, env)
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile(PROFILE_TEST)
     result = pytester.runpytest_subprocess("-s", *args)
@@ -122,10 +126,7 @@ def test_profile_precedence_and_header(pytester, monkeypatch, args, env, ini, sh
     ([], None, "reshard_profile = slow", "*ini reshard_profile='slow': choose one of ci, nightly*"),
 ])
 def test_bad_profile_rejected_naming_its_source(pytester, monkeypatch, args, env, ini, message):
-    if env is None:
-        monkeypatch.delenv("RESHARD_PROFILE", raising=False)
-    else:
-        monkeypatch.setenv("RESHARD_PROFILE", env)
+    _profile_env(monkeypatch, env)
     pytester.makeini(f"[pytest]\n{ini}\n")
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest(*args)
