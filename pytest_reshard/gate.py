@@ -8,6 +8,11 @@ step time, samples per second, relaunch time after a reshard, checkpoint save an
 digest of the loss trajectory; plus the environment (torch, CUDA, cuDNN, NCCL, GPU, Python).
 An expression ``field:+N`` fails when the field grew by more than N, ``field:-N`` when it fell by
 more than N; N is absolute (``MB``, ``GB``, ``ms``, ``s``, or a plain number) or relative (``%``).
+
+Under a fixed memory budget (``memory_budget_bytes``, the same in both runs) memory is judged per
+rank, as headroom to the budget (seed 001: +200 MB per rank killed the ranks that had the least):
+``peak_mem:+N`` and ``headroom:-N`` limit how far any rank's headroom may fall, and without either
+a fall of more than 10% of the budget fails, so a memory regression under a budget never passes.
 """
 from __future__ import annotations
 
@@ -29,7 +34,10 @@ FIELDS = {
     "relaunch": ("s", "median relaunch to the next generation's first step"),
     "save_time": ("s", "median checkpoint save"),
     "load_time": ("s", "median checkpoint load"),
+    "headroom": ("bytes", "headroom to the memory budget"),
 }
+#: Under a fixed budget with no memory limit given, a rank's headroom may fall by this much of it.
+DEFAULT_HEADROOM_FALL = 0.10
 _UNITS = {"": 1.0, "b": 1.0, "kb": 2.0 ** 10, "mb": 2.0 ** 20, "gb": 2.0 ** 30, "s": 1.0,
           "ms": 1e-3}
 _TERM = re.compile(r"^(?P<field>[a-z_]+):(?P<sign>[+-])(?P<num>\d+(?:\.\d+)?)(?P<unit>%|[a-zA-Z]*)$")
@@ -74,6 +82,11 @@ def metrics(history: Any) -> dict[str, Any]:
     """The gate's numbers for one run, from its history alone."""
     events = history.events
     peaks = [e["peak_bytes"] for e in events if e["ev"] == "rss"]
+    by_rank: dict[str, int] = {}  # rank -> its peak over every generation
+    for e in events:
+        if e["ev"] == "rss":
+            by_rank[str(e["rank"])] = max(by_rank.get(str(e["rank"]), 0), int(e["peak_bytes"]))
+    budget = next((e.get("memory_budget_bytes") for e in events if e["ev"] == "scenario"), None)
     begins: dict[tuple[int, int], float] = {}
     steps: list[float] = []
     for e in events:
@@ -98,6 +111,8 @@ def metrics(history: Any) -> dict[str, Any]:
 
     return {
         "peak_mem": max(peaks) if peaks else None,
+        "peak_mem_by_rank": by_rank,
+        "memory_budget": budget,
         "step_time": step_time,
         "throughput": (samples / len(kept)) / step_time if kept and step_time else None,
         "relaunch": statistics.median(relaunch) if relaunch else None,
@@ -113,7 +128,7 @@ def environment() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is None:
         try:
-            import torch  # noqa: F811
+            import torch
         except ImportError:
             return env
     env["torch"] = torch.__version__
@@ -122,7 +137,24 @@ def environment() -> dict[str, Any]:
         env["cudnn"] = torch.backends.cudnn.version()
         env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         env["gpu"] = torch.cuda.get_device_name(0)
+        env["driver"] = _driver_version()
     return env
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml
+    except ImportError:  # no nvidia-ml-py: the baseline says None
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
+    except pynvml.NVMLError:  # no driver
+        return None
+    return version.decode() if isinstance(version, bytes) else str(version)
 
 
 def save(path: Path, runs: dict[str, dict[str, Any]]) -> None:
@@ -144,32 +176,74 @@ class Change:
     new: float
     limit: Limit | None
     regressed: bool
+    rank: str | None = None      # headroom: the rank judged (the one that lost the most)
+    budget: float | None = None  # headroom: the fixed per-rank memory budget
 
     def describe(self) -> str:
+        beyond = f", beyond {self.limit.text}" if self.regressed and self.limit else ""
+        if self.field == "headroom":
+            verb = "fell" if self.new < self.old else "rose" if self.new > self.old else "stayed"
+            return (f"{self.run}: rank {self.rank} headroom {verb} from {_fmt('headroom', self.old)} "
+                    f"to {_fmt('headroom', self.new)} ({_delta('headroom', self.old, self.new)}) "
+                    f"under its {_fmt('headroom', self.budget or 0)} budget{beyond}")
         return f"{self.run}: {FIELDS[self.field][1]} {_fmt(self.field, self.old)} -> " \
-               f"{_fmt(self.field, self.new)} ({_delta(self.field, self.old, self.new)})" + \
-               (f", beyond {self.limit.text}" if self.regressed and self.limit else "")
+               f"{_fmt(self.field, self.new)} ({_delta(self.field, self.old, self.new)}){beyond}"
+
+
+def _passed(limit: Limit, old: float, new: float) -> bool:
+    delta = (new - old) if limit.sign == "+" else (old - new)
+    return delta > (limit.amount * abs(old) if limit.relative else limit.amount)
 
 
 def compare(baseline: dict[str, Any], run: str, now: dict[str, Any],
             limits: list[Limit]) -> list[Change]:
-    """Every field of ``run`` measured in both, marked regressed where a limit is passed."""
+    """Every field of ``run`` measured in both, marked regressed where a limit is passed.
+
+    Under a fixed budget the memory limits are judged per rank, as one ``headroom`` change (see
+    the module's docstring); the ``peak_mem`` change is then shown but not judged.
+    """
     before = baseline.get("runs", {}).get(run)
     if before is None:
         return []
+    budget = before.get("memory_budget")
+    fixed = budget if budget and budget == now.get("memory_budget") and \
+        before.get("peak_mem_by_rank") and now.get("peak_mem_by_rank") else None
     changes = []
     for field in FIELDS:
         old, new = before.get(field), now.get(field)
-        if old is None or new is None:
+        if field == "headroom" or old is None or new is None:
             continue
         regressed, hit = False, None
         for limit in (lim for lim in limits if lim.field == field):
-            delta = (new - old) if limit.sign == "+" else (old - new)
-            allowed = limit.amount * abs(old) if limit.relative else limit.amount
-            if delta > allowed:
+            if _passed(limit, old, new) and not (fixed and field == "peak_mem"):
                 regressed, hit = True, limit
         changes.append(Change(run, field, old, new, hit, regressed))
-    return changes
+    room = _headroom(run, before["peak_mem_by_rank"], now["peak_mem_by_rank"], float(fixed),
+                     limits) if fixed else None
+    return changes + ([room] if room else [])
+
+
+def _headroom(run: str, before: dict[str, int], now: dict[str, int], budget: float,
+              limits: list[Limit]) -> Change | None:
+    """The rank whose headroom fell the most, judged by the memory limits (or the default)."""
+    memory = [lim for lim in limits if lim.field in ("peak_mem", "headroom")] or [
+        Limit("headroom", "-", DEFAULT_HEADROOM_FALL * budget, False,
+              f"the default limit for a fixed budget (headroom may fall by "
+              f"{DEFAULT_HEADROOM_FALL:.0%} of it, {_fmt('headroom', DEFAULT_HEADROOM_FALL * budget)})")]
+    judged = []
+    for rank in sorted(set(before) & set(now)):
+        hit = None
+        for lim in memory:
+            old, new = (before[rank], now[rank]) if lim.field == "peak_mem" else \
+                (budget - before[rank], budget - now[rank])
+            if _passed(lim, old, new):
+                hit = lim
+        judged.append((hit is not None, now[rank] - before[rank], rank, hit))
+    if not judged:
+        return None
+    regressed, _, rank, hit = max(judged, key=lambda j: j[:3])  # failing first, then most lost
+    return Change(run, "headroom", budget - before[rank], budget - now[rank], hit, regressed,
+                  rank=rank, budget=budget)
 
 
 def _fmt(field: str, x: float) -> str:
@@ -185,3 +259,45 @@ def _delta(field: str, old: float, new: float) -> str:
     pct = f"{(new - old) / abs(old):+.1%}" if old else "n/a"
     sign = "+" if new >= old else "-"
     return f"{sign}{_fmt(field, abs(new - old))}, {pct}"
+
+
+_ENV_KEYS = ("torch", "cuda", "cudnn", "nccl", "driver", "gpu", "python", "platform")
+
+
+def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
+               labels: tuple[str, str] = ("old", "new")) -> tuple[list[str], list[Change], list[str]]:
+    """Two saved baselines side by side: (table lines, changes, scenarios missing from one run).
+
+    The table has the environments first (what the upgrade changed), then every scenario's
+    numbers, each with its change and whether it passed a limit.
+    """
+    rows: list[tuple[str, ...]] = [("", *labels, "change", "verdict")]
+    envs = old.get("environment", {}), new.get("environment", {})
+    for key in (*_ENV_KEYS, *sorted(set(envs[0]) | set(envs[1]) - set(_ENV_KEYS))):
+        a, b = (str(e.get(key, "-")) for e in envs)
+        if a != "-" or b != "-":
+            rows.append((key, a, b, "changed" if a != b else "", ""))
+    changes: list[Change] = []
+    missing: list[str] = []
+    runs_old, runs_new = old.get("runs", {}), new.get("runs", {})
+    for run in sorted(set(runs_old) | set(runs_new)):
+        short = run.rsplit("::", 1)[-1]
+        if run not in runs_old or run not in runs_new:
+            missing.append(run)
+            rows.append((short, "ran" if run in runs_old else "missing",
+                         "ran" if run in runs_new else "missing", "", "FAIL: not in both runs"))
+            continue
+        for c in compare(old, run, runs_new[run], limits):
+            changes.append(c)
+            name = f"rank {c.rank} headroom" if c.field == "headroom" else c.field
+            verdict = f"FAIL beyond {c.limit.text}" if c.regressed and c.limit else "ok"
+            rows.append((f"{short} {name}", _fmt(c.field, c.old), _fmt(c.field, c.new),
+                         _delta(c.field, c.old, c.new), verdict))
+        a, b = runs_old[run].get("loss_digest"), runs_new[run].get("loss_digest")
+        if a and b:
+            rows.append((f"{short} loss trajectory", a, b, "identical" if a == b else "differs",
+                         "info"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines, changes, missing

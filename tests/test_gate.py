@@ -42,7 +42,8 @@ def test_bad_expression_is_a_usage_error(pytester):
 
 
 def test_seed_001_extra_memory_fails_the_gate(pytester):
-    """Baseline, then the same scenario with +200 MB on one rank: the gate names field and amount."""
+    """Seed 001 under a fixed 1 GiB budget per rank: a baseline, then the same scenario with
+    +200 MB on rank 1. The gate names the rank and how far its headroom fell."""
     pytester.makepyfile(f"""
         import os
         import pytest
@@ -52,7 +53,8 @@ def test_seed_001_extra_memory_fails_the_gate(pytester):
         def test_train(reshard_run):
             extra = int(os.environ.get("EXTRA_MB", "0"))
             faults = [chaos.memory_pressure(rank=1, at_step=1, bytes=extra * 2**20)] if extra else []
-            reshard_run({str(WORKLOADS / "toy_train.py")!r}, faults=faults).assert_ok()
+            reshard_run({str(WORKLOADS / "toy_train.py")!r}, faults=faults,
+                        memory_budget_bytes=2**30).assert_ok()
     """)
     saved = pytester.runpytest_subprocess("--reshard-save-baseline=before")
     saved.assert_outcomes(passed=1)
@@ -63,4 +65,43 @@ def test_seed_001_extra_memory_fails_the_gate(pytester):
                                               "--reshard-compare-fail=peak_mem:+150MB")
     after.assert_outcomes(failed=1)
     after.stdout.fnmatch_lines(["*regressed against baseline 'before'*",
-                                "*peak RSS of the biggest rank * MB -> * MB (+* MB, *beyond peak_mem:+150MB*"])
+                                ("*rank 1 headroom fell from * MB to * MB (-* MB, -*%) under its "
+                                 "1024 MB budget, beyond peak_mem:+150MB*")])
+
+
+def test_headroom_is_judged_per_rank_under_a_fixed_budget():
+    mb = 2**20
+    before = {"runs": {"t": {"peak_mem": 300 * mb, "memory_budget": 1024 * mb,
+                             "peak_mem_by_rank": {"0": 300 * mb, "1": 250 * mb}}}}
+    now = {"peak_mem": 450 * mb, "memory_budget": 1024 * mb,
+           "peak_mem_by_rank": {"0": 310 * mb, "1": 450 * mb}}
+    changes = {c.field: c for c in gate.compare(before, "t", now, gate.parse("peak_mem:+150MB"))}
+    room = changes["headroom"]
+    assert room.regressed and room.rank == "1" and not changes["peak_mem"].regressed
+    assert room.describe() == ("t: rank 1 headroom fell from 774 MB to 574 MB (-200 MB, -25.8%) "
+                               "under its 1024 MB budget, beyond peak_mem:+150MB")
+    # without any memory limit it still fails (never a pass): at most 10% of the budget
+    default = gate.compare(before, "t", now, [])[-1]
+    assert default.regressed and "beyond the default limit for a fixed budget (headroom may " \
+        "fall by 10% of it, 102 MB)" in default.describe()
+    # within the limit, and budgets that differ (headroom is then not comparable): no verdict
+    assert not gate.compare(before, "t", now, gate.parse("peak_mem:+250MB"))[-1].regressed
+    moved = {**now, "memory_budget": 2048 * mb}
+    assert all(c.field != "headroom" for c in gate.compare(before, "t", moved, []))
+    assert gate.compare(before, "t", moved, gate.parse("peak_mem:+100MB"))[0].regressed
+
+
+def test_two_baselines_side_by_side():
+    old = {"environment": {"torch": "2.13.0+cpu", "cuda": None},
+           "runs": {"s.py::t": {"step_time": 0.100, "throughput": 100.0, "loss_digest": "aa"},
+                    "s.py::gone": {"step_time": 0.1}}}
+    new = {"environment": {"torch": "2.14.1", "cuda": "13.0"},
+           "runs": {"s.py::t": {"step_time": 0.150, "throughput": 99.0, "loss_digest": "bb"}}}
+    lines, changes, missing = gate.diff_table(old, new, gate.parse("step_time:+10%"))
+    text = "\n".join(lines)
+    assert missing == ["s.py::gone"]
+    assert [c.field for c in changes if c.regressed] == ["step_time"]
+    assert "torch" in text and "2.13.0+cpu" in text and "2.14.1" in text and "changed" in text
+    row = next(ln for ln in lines if ln.startswith("t step_time"))
+    assert "100.0 ms" in row and "150.0 ms" in row and "+50.0%" in row and "FAIL beyond step_time:+10%" in row
+    assert "differs" in next(ln for ln in lines if "loss trajectory" in ln)
