@@ -43,10 +43,35 @@ class Generation(Protocol):
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on right now (the rank-0 store binds it next)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody listens on right now, for another process to bind next.
+
+    Under pytest-xdist each worker has its own range (``RESHARD_PORT_RANGE``, set by the plugin,
+    see ``workers.py``) below the kernel's ephemeral ports, so between our check and the other
+    process's bind no other worker and no port-0 bind can take it. Elsewhere the kernel picks.
+    """
+    span = os.environ.get("RESHARD_PORT_RANGE")
+    if not span:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    from .workers import parse_port_range
+
+    lo, hi = parse_port_range(span)
+    global _next_port
+    for _ in range(hi - lo):
+        port = lo + (_next_port % (hi - lo))
+        _next_port += 1  # rotate: a port just released may linger in TIME_WAIT
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port in RESHARD_PORT_RANGE={span}: every one is in "
+                       "use; widen the range or run fewer scenarios at once")
+
+
+_next_port = 0
 
 
 def _killpg(pid: int, sig: int = signal.SIGKILL) -> None:

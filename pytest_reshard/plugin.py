@@ -5,6 +5,7 @@ Kept thin on purpose: nothing here imports torch; the harness loads when a test 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -45,6 +46,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         parser.addini(name, help_, type=kind, default=default)
     group.addoption("--reshard-nightly", action="store_true", default=False,
                     help="also run tests marked nightly (long chaos runs)")
+    group.addoption("--reshard-shard", default=None, metavar="I/N",
+                    help="run only shard I of N (every N-th test by node id), to split a suite "
+                         "between N machines that collect the same tests")
 
 
 def _setting(config: pytest.Config, name: str) -> str:
@@ -88,19 +92,43 @@ class _State:
         self.settings = {name: _setting(config, name) for name, *_ in OPTIONS}
         self.session: Any = None
         self.results: list[Any] = []
+        self.rows: list[dict[str, Any]] = []  # summary rows: ours, and on the controller the workers'
         self.metrics: dict[str, dict[str, Any]] = {}  # test name -> gate metrics
         self.changes: list[Any] = []  # gate comparisons against a baseline
+        self.remote_changes: list[tuple[bool, str]] = []  # (regressed, text) from xdist workers
+        self.png_skipped: str | None = None
+        self.live: Any = None
+        self.layout: Any = None  # this xdist worker's ports and GPUs (workers.Layout)
+        info = getattr(config, "workerinput", None)
+        if info is not None:  # an xdist worker: claim disjoint ports and GPUs before any run
+            from .workers import configure
+
+            self.layout = configure(str(info["workerid"]), int(info["workercount"]))
+
+    @property
+    def root(self) -> Path:
+        return Path(self.settings["reshard_artifacts"]).resolve()
+
+    @property
+    def artifacts(self) -> Path:
+        """Where this process writes: the artifacts folder, or its worker's folder in it."""
+        return self.root / self.layout.worker if self.layout else self.root
 
     def harness(self, config: pytest.Config) -> Any:
         if self.session is None:
             from .runner import Session
 
             reporter = config.pluginmanager.get_plugin("terminalreporter")
-            progress = None
-            if reporter is not None and config.get_verbosity() > 0:
-                progress = lambda msg: reporter.write_line(f"  reshard: {msg}")  # noqa: E731
-            self.session = Session(Path(self.settings["reshard_artifacts"]).resolve(),
-                                   progress=progress)
+            progress = status = None
+            if reporter is not None and config.get_verbosity() > 0 and self.layout is None:
+                from .progress import LiveLine
+
+                capman = config.pluginmanager.get_plugin("capturemanager")
+                self.live = LiveLine(reporter, tty=bool(getattr(reporter, "isatty", False)),
+                                     uncaptured=capman.global_and_fixture_disabled if capman
+                                     else contextlib.nullcontext)
+                progress, status = self.live.message, self.live.status
+            self.session = Session(self.artifacts, progress=progress, status=status)
         return self.session
 
 
@@ -113,6 +141,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "nightly: a long chaos run; skipped unless --reshard-nightly",
     ):
         config.addinivalue_line("markers", line)
+    shard = config.getoption("reshard_shard", None)
+    if shard:
+        from .workers import parse_shard
+
+        try:
+            parse_shard(shard)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
     state = config.stash[_STATE] = _State(config)
     _remember_seed(config, state)
     _use_profile(config.stash[_STATE].settings["reshard_profile"])
@@ -149,6 +185,19 @@ def pytest_report_header(config: pytest.Config) -> str:
             f"launcher={s['reshard_launcher']} profile={s['reshard_profile']} artifacts={s['reshard_artifacts']}")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard = config.getoption("reshard_shard", None)
+    if not shard:
+        return
+    from .workers import shard as keep_of
+
+    keep = keep_of([item.nodeid for item in items], shard)
+    dropped = [item for item in items if item.nodeid not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.nodeid in keep]
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("nightly") and not item.config.getoption("reshard_nightly"):
         pytest.skip("nightly chaos run: pass --reshard-nightly to run it")
@@ -159,7 +208,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
         have = torch.cuda.device_count()
         if have < count:
-            pytest.skip(f"needs {count} CUDA device(s), found {have}")
+            layout = item.config.stash[_STATE].layout
+            share = "" if layout is None or layout.gpus is None else (
+                f" (xdist worker {layout.worker} has {len(layout.gpus)} of the machine's "
+                f"{layout.gpu_total}: they are split between {layout.count} workers; run it "
+                f"with fewer workers)")
+            pytest.skip(f"needs {count} CUDA device(s), found {have}{share}")
 
 
 @pytest.fixture
@@ -200,11 +254,22 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
             args=[str(a) for a in opts.pop("args", ())], **opts)
         count += 1
         name = request.node.nodeid + (f"-{count}" if count > 1 else "")
-        result = state.harness(request.config).run(scenario, name,
-                                     replay=f"pytest {request.node.nodeid!r} --reshard-seed={scenario.schedule.seed}")
+        harness = state.harness(request.config)
+        try:
+            result = harness.run(scenario, name, replay=f"pytest {request.node.nodeid!r} "
+                                                        f"--reshard-seed={scenario.schedule.seed}")
+        finally:
+            if state.live is not None:
+                state.live.finish()
+        from .report import summary_row
+
         state.results.append(result)
+        state.rows.append(summary_row(result, worker=state.layout.worker if state.layout else None))
+        state.png_skipped = harness.png_skipped
         record_property("reshard_verdict", result.verdict.status)
         record_property("reshard_schedule_hash", scenario.schedule.hash)
+        if result.report is not None:
+            record_property("reshard_report", str(result.report))
         _gate(state, name, result)
         return result
 
@@ -244,28 +309,53 @@ def _resolve_backend(backend: str) -> str:
     return "nccl" if has_cuda else "gloo"
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a worker finished
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the controller: gather what the worker ran, for one summary of the whole session."""
+    state: _State = node.config.stash[_STATE]
+    out = getattr(node, "workeroutput", None) or {}
+    state.rows.extend(out.get("reshard_rows", ()))
+    state.metrics.update(out.get("reshard_metrics", {}))
+    state.remote_changes.extend((bool(r), str(t)) for r, t in out.get("reshard_changes", ()))
+    state.png_skipped = state.png_skipped or out.get("reshard_png_skipped")
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state: _State = config.stash[_STATE]
-    if not state.results:
+    if not state.rows or state.layout is not None:  # a worker: the controller summarises
         return
+    from .html_report import write_index
     from .report import markdown_summary, verdict_table
 
+    rows = sorted(state.rows, key=lambda r: r["name"]) if any(r.get("worker") for r in state.rows) \
+        else state.rows
     terminalreporter.section("reshard verdicts")
-    for line in verdict_table(state.results):
+    for line in verdict_table(rows):
         terminalreporter.write_line(line)
     terminalreporter.write_line(f"artifacts: {state.settings['reshard_artifacts']}")
-    if state.changes:
+    terminalreporter.write_line(f"reports: {write_index(state.root, rows)}")
+    if state.png_skipped:
+        terminalreporter.write_line(f"PNG plots skipped: {state.png_skipped}")
+    changes = [(c.regressed, c.describe()) for c in state.changes] + state.remote_changes
+    if changes:
         terminalreporter.section(f"reshard baseline {state.settings['reshard_compare']!r}")
-        for change in state.changes:
-            terminalreporter.write_line(("REGRESSED " if change.regressed else "") + change.describe())
+        for regressed, text in changes:
+            terminalreporter.write_line(("REGRESSED " if regressed else "") + text)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:  # GitHub Actions shows this file on the run's page
         with open(summary, "a") as f:
-            f.write(markdown_summary(state.results))
+            f.write(markdown_summary(rows))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state: _State = session.config.stash[_STATE]
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:  # an xdist worker: hand everything to the controller (plain data)
+        out["reshard_rows"] = state.rows
+        out["reshard_metrics"] = state.metrics
+        out["reshard_changes"] = [[c.regressed, c.describe()] for c in state.changes]
+        out["reshard_png_skipped"] = state.png_skipped
+        return  # the controller saves the baseline, once, with every worker's numbers
     name = state.settings["reshard_save_baseline"]
     if name and state.metrics:
         from . import gate

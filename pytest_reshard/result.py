@@ -23,6 +23,7 @@ class Result:
     verdicts: dict[str, Verdict]
     wall_s: float
     replay: str
+    report: Path | None = None   # report.html, once written
 
     @property
     def verdict(self) -> Verdict:
@@ -48,7 +49,8 @@ class Result:
                 "\n".join(lines) + f"\n  scenario: {self.scenario.workload} world_size="
                 f"{self.scenario.world_size} faults: {self.scenario.schedule.describe()}"
                 f"\n  schedule {self.scenario.schedule.hash}, artifacts: {self.run_dir}"
-                f"\n  replay: {self.replay}")
+                + (f"\n  report: {self.report}" if self.report else "")
+                + f"\n  replay: {self.replay}")
 
     def assert_no_rewind(self) -> None:
         """No committed step was executed again beyond the workload's declared budget."""

@@ -12,10 +12,12 @@ import json
 import shlex
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .history import History
+from .progress import Status
 from .result import Result
 from .verdict import Verdict
 from .schedule import Fault, Schedule, validate
@@ -27,9 +29,12 @@ from . import checkers
 class Session:
     """Shared state of many scenarios: launchers and the reference-run cache. Close it."""
 
-    def __init__(self, artifacts: Path, *, progress: Callable[[str], None] | None = None) -> None:
+    def __init__(self, artifacts: Path, *, progress: Callable[[str], None] | None = None,
+                 status: Callable[[Status], None] | None = None) -> None:
         self.artifacts = Path(artifacts)
         self.progress = progress or (lambda msg: None)
+        self.status = status            # live progress of the scenario being run, if wanted
+        self.png_skipped: str | None = None  # why reports have no PNG plots (None: they have)
         self._launchers: dict[tuple[str, ...], ForkLauncher] = {}
         self._references: dict[str, History] = {}
 
@@ -55,13 +60,16 @@ class Session:
         self.close()
 
     # -- running ---------------------------------------------------------------------------
-    def execute(self, scenario: Scenario, run_dir: Path, replay: str = "") -> History:
+    def execute(self, scenario: Scenario, run_dir: Path, replay: str = "", name: str = "") -> History:
         """Run the scenario's processes into ``run_dir`` and load the recorded history."""
         if run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         sup = Supervisor(scenario, run_dir, progress=self.progress,
                          launcher=self.shared_launcher(scenario))
+        if self.status is not None:
+            status = self.status
+            sup.on_status = lambda st: status(dataclasses.replace(st, name=name or run_dir.name))
         sup.run(replay=replay)
         return History.load(run_dir)
 
@@ -79,21 +87,38 @@ class Session:
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         if key not in self._references:
             self.progress(f"reference run: {scenario.workload}, world size {world_size}")
-            self._references[key] = self.execute(clean, self.artifacts / "_references" / key)
+            self._references[key] = self.execute(clean, self.artifacts / "_references" / key,
+                                                 name=f"reference (world size {world_size})")
         return self._references[key]
 
     def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:
         run_dir = self.artifacts / _safe(name)
         replay = replay or f"pytest-reshard replay {shlex.quote(str(run_dir / 'scenario.json'))}"
         started = time.monotonic()
-        history = self.execute(scenario, run_dir, replay=replay)
+        history = self.execute(scenario, run_dir, replay=replay, name=name.split("::")[-1])
         verdicts = self.check(scenario, history)
         for name_, v in verdicts.items():
             verdicts[name_] = dataclasses.replace(v, replay=replay)
         result = Result(name=name, scenario=scenario, run_dir=run_dir, history=history,
                         verdicts=verdicts, wall_s=time.monotonic() - started, replay=replay)
         result.save()
+        result.report = self.write_report(result)
         return result
+
+    def write_report(self, result: Result) -> Path | None:
+        """``report.html`` (and PNG plots) beside the history. A report that cannot be drawn is
+        a warning, not a lost verdict."""
+        from . import html_report
+
+        reference = self.reference(result.scenario, result.scenario.world_size)  # cached
+        try:
+            written = html_report.write(result, reference)
+        except Exception as e:  # noqa: BLE001 - reported, the verdict stands
+            warnings.warn(f"pytest-reshard: could not write the HTML report of {result.name} into "
+                          f"{result.run_dir}: {type(e).__name__}: {e}", stacklevel=2)
+            return None
+        self.png_skipped = written.png_skipped
+        return written.page
 
     def check(self, scenario: Scenario, history: History) -> dict[str, Any]:
         verdicts = {

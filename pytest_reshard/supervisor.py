@@ -154,6 +154,9 @@ class Outcome:
 
 
 class Supervisor:
+    #: Called with a ``progress.Status`` after each batch of events (the live progress line).
+    on_status: Callable[[Any], None] | None = None
+
     def __init__(self, scenario: Scenario, run_dir: Path, *,
                  progress: Callable[[str], None] | None = None,
                  launcher: Any | None = None) -> None:
@@ -335,6 +338,7 @@ class _Watch:
         self.failure: tuple[int, int, float, str] | None = None  # rank, code, when, detail
         self.reported: set[int] = set()
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
+        self.step: int | None = None     # the highest step begun in this generation
 
     def _detect(self, kind: str, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
@@ -374,6 +378,17 @@ class _Watch:
                                 "params": {"to_world_size": ev["to_world_size"]},
                                 "reason": ev.get("reason", "")}
                 self.plan_deadline = now + float(ev.get("grace_s", 30.0))
+        if events and self.sup.on_status is not None:
+            self._status(events)
+
+    def _status(self, events: list[dict]) -> None:
+        from .progress import Status
+
+        begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == "begin"]
+        if begun:
+            self.step = max([*begun, *([] if self.step is None else [self.step])])
+        self.sup.on_status(Status(self.gen, self.world_size, self.step, self.sc.steps,
+                                  len(self.sup.fired), len(self.sc.schedule.faults)))
 
     def _on_exit(self, rank: int, code: int, codes: dict[int, int | None], now: float) -> None:
         """Judge one rank's exit: normal, or the generation's first failure."""
