@@ -6,9 +6,14 @@ period, relaunching at a new world size) the supervisor enforces. Each docstring
 the fault really exercises and what it does not prove.
 
 Targets: ``rank=N``, ``role="drafter"``, or ``target="all" | "one" | "minority"`` (drawn from the
-schedule's seed, so replays pick the same ranks).
+schedule's seed, so replays pick the same ranks). ``role=`` means one rank of the role for the
+faults that hit one victim by default (``kill``, ``crash_silently``, ``hang``, ``slow_rank``,
+``ecc_error``, ``memory_pressure``) and every rank of it for the others (``preempt``); say
+``target="role:drafter"`` for all of them, ``target="role:drafter:one"`` for one.
 """
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pytest_reshard.schedule import Fault, ScheduleError
 
@@ -22,8 +27,8 @@ def _target(rank: int | None, role: str | None, target: str | None, default: str
         raise ScheduleError("name the target once: rank=, role= or target=")
     if rank is not None:
         return f"rank:{int(rank)}"
-    if role is not None:
-        return f"role:{role}"
+    if role is not None:  # a fault that picks one victim picks one rank of the role
+        return f"role:{role}:one" if default == "one" else f"role:{role}"
     return target or default
 
 
@@ -64,21 +69,39 @@ def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,
     return Fault("preempt", _target(rank, role, target, "all"), at_step, phase, params)
 
 
-def shift_shards(*, to_world_size: int, at_step: int, phase: str = "optimizer",
-                 notice_s: float = 10.0) -> Fault:
+def shift_shards(*, to_world_size: int | None = None, at_step: int, phase: str = "optimizer",
+                 notice_s: float = 10.0, roles: Mapping[str, int] | None = None) -> Fault:
     """A planned reshard to ``to_world_size`` with ``notice_s`` of advance notice.
+
+    ``roles`` (e.g. ``{"target": 3, "drafter": 1}``) also moves ranks between roles: a planned
+    topology change such as seed 001's 5 targets + 3 drafters -> 6 + 2 (the world size then
+    defaults to the sum). Without it the ranks keep their roles, trimmed at the end.
 
     Layer: the scheduler's notice reaches every rank at the fault point
     (``run.reshard_requested()``); the workload must checkpoint and exit before the deadline,
-    after which the supervisor kills it; the next generation runs at the new world size and the
-    workload's own load path reshards. Must cost zero committed steps. Does not move live
-    tensors between running processes (no in-place resharding), and does not model the
-    scheduler's own failures.
+    after which the supervisor kills it; the next generation runs at the new world size (and
+    roles: ``run.roles``) and the workload's own load path reshards. Must cost zero committed
+    steps. Does not move live tensors between running processes (no in-place resharding), and
+    does not model the scheduler's own failures.
     """
+    params: dict = {"notice_s": _positive("notice_s", notice_s)}
+    if roles is not None:
+        counts = {str(k): int(v) for k, v in dict(roles).items()}
+        if not counts or any(v < 0 for v in counts.values()) or sum(counts.values()) < 1:
+            raise ScheduleError(f"roles must map role names to rank counts (>= 0, at least one "
+                                f"rank in all), got {roles!r}")
+        total = sum(counts.values())
+        if to_world_size is not None and int(to_world_size) != total:
+            raise ScheduleError(f"roles {counts} name {total} ranks but to_world_size is "
+                                f"{to_world_size}; make them agree (or leave to_world_size out)")
+        params["roles"] = {k: v for k, v in counts.items() if v}
+        to_world_size = total
+    if to_world_size is None:
+        raise ScheduleError("shift_shards needs to_world_size= (or roles=)")
     if int(to_world_size) < 1:
         raise ScheduleError(f"to_world_size must be >= 1, got {to_world_size}")
-    return Fault("shift_shards", "all", at_step, phase,
-                 {"to_world_size": int(to_world_size), "notice_s": _positive("notice_s", notice_s)})
+    params["to_world_size"] = int(to_world_size)
+    return Fault("shift_shards", "all", at_step, phase, params)
 
 
 def rebalance(*, fraction: float = 0.2, at_step: int, phase: str = "optimizer",

@@ -24,6 +24,12 @@ The definitions (DESIGN.md, "Definitions the checkers use") and the choices made
   with the load's own ``expected`` digest, component by component.
 - **liveness**: the final generation committed the last step; every death, stop or stall is
   explained by a scheduled fault; every scheduled fault fired; every rank started.
+- **sample_ledger** (pipelines): in every kept step the consumer role took exactly the samples
+  the producer role made for that step, so a dropped share or a batch delivered twice is named.
+- **throughput**: tokens/s per generation and role against a clean run of the same topology
+  (failing only below a declared fraction: short rates on a shared CPU swing too much to guess
+  one), judged per CPU other processes left; and every rank of a role doing its share, so a
+  pool that silently shrank fails without any reference.
 """
 from __future__ import annotations
 
@@ -36,7 +42,8 @@ from .verdict import Verdict
 
 __all__ = [
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
-    "liveness", "DEFAULT_CHECKS", "run_checks", "SPREAD_FACTOR", "ROUNDING_FLOOR",
+    "liveness", "sample_ledger", "throughput", "DEFAULT_CHECKS", "run_checks", "SPREAD_FACTOR",
+    "ROUNDING_FLOOR",
 ]
 
 #: A deviation beyond this many noise floors fails loss_continuity.
@@ -348,14 +355,16 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                               f"{len(kept)} kept steps (no reference: lost samples not checked)",
                               details=details, replay=replay)
     last = max((o.step for o in kept), default=-1)
-    expected: dict[tuple[int, int], int] = {}
-    for occ, ref_pairs in sorted(reference.kept_samples().items()):
+    # Per role: in a pipeline a sample its targets made but no drafter trained on is lost.
+    expected: dict[tuple[str, int, int], int] = {}
+    for occ in sorted(reference.kept()):
         if occ.step <= last:
-            for p in ref_pairs:
-                expected.setdefault(p, occ.step)
-    lost = sorted(set(expected) - consumed, key=lambda p: (expected[p], p))
+            for rank, pairs in sorted(reference.samples(occ.gen, occ.step).items()):
+                for epoch, sample in pairs:
+                    expected.setdefault((reference.role(occ.gen, rank), epoch, sample), occ.step)
+    lost = sorted(set(expected) - set(seen), key=lambda k: (expected[k], k))
     details["lost"] = len(lost)
-    details["not_in_reference"] = len(consumed - set(expected))   # a data-order change, not a loss
+    details["not_in_reference"] = len(set(seen) - set(expected))  # a data-order change, not a loss
     if lost:
         drawn: dict[tuple[int, int], Occurrence] = {}
         kept_set = set(kept)
@@ -364,14 +373,16 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
             if occ not in kept_set:
                 for s in e.get("samples") or ():
                     drawn.setdefault((int(e.get("epoch", 0) or 0), int(s)), occ)
-        epoch, sample = lost[0]
-        where = drawn.get(lost[0])
+        role, epoch, sample = lost[0]
+        where = drawn.get((epoch, sample))
         fate = (f"; it was drawn at step {where.step} in generation {where.gen}, whose effect was "
                 "discarded" if where else "; no kept or discarded step drew it")
-        text = (f"{len(lost)} samples the reference consumed by step {last} were never consumed: "
-                f"first sample {sample} (epoch {epoch}), reference step {expected[lost[0]]}{fate}; "
-                "restore the data position saved with the checkpoint")
-        details["lost_samples"] = [[e_, s_] for e_, s_ in lost[:50]]
+        by = f" by a {role} rank" if len({k[0] for k in expected}) > 1 else ""
+        text = (f"{len(lost)} samples the reference consumed by step {last} were never consumed"
+                f"{by}: first sample {sample} (epoch {epoch}), reference step "
+                f"{expected[lost[0]]}{fate}; restore the data position saved with the checkpoint"
+                + (", and give a lost rank's share to the survivors" if by else ""))
+        details["lost_samples"] = [[r_, e_, s_] for r_, e_, s_ in lost[:50]]
         gen = where.gen if where else None
         return Verdict.failed(check, text, step=expected[lost[0]], generation=gen,
                               details=details, replay=replay)
@@ -661,6 +672,211 @@ def poisoned_commit(history: History) -> Verdict:
         text += f" ({len(bad)} poisoned steps committed in all)"
     return Verdict.failed(check, text, step=f.step, rank=f.rank, generation=f.gen,
                           fault=history.describe_fault(f.id), details=details, replay=replay)
+
+
+# -- pipelines: sample_ledger, throughput -------------------------------------------------------
+#: The producer and consumer roles of a target + drafter pipeline (the bundled ``dflash``).
+PIPELINE_ROLES = ("target", "drafter")
+
+
+def has_roles(history: History, *roles: str) -> bool:
+    """Some generation has a rank of each of ``roles``."""
+    return any(set(roles) <= set(g.roles) for g in history.generations.values())
+
+
+def _by_role(history: History, occ: Occurrence, role: str) -> dict[tuple[int, int], int]:
+    """(epoch, sample) -> the rank of ``role`` that recorded it in this occurrence."""
+    return {pair: rank for rank, pairs in history.samples(occ.gen, occ.step).items()
+            if history.role(occ.gen, rank) == role for pair in pairs}
+
+
+def sample_ledger(history: History, *, producer: str = "target",
+                  consumer: str = "drafter") -> Verdict:
+    """Across the queue between two roles, every kept step's consumer ranks took exactly the
+    samples its producer ranks made for that step: none dropped, none delivered from another
+    step (a resend after a restart), none routed twice."""
+    check, replay = "sample_ledger", history.replay
+    if not has_roles(history, producer, consumer):
+        return Verdict.unknown(check, f"no generation has both {producer!r} and {consumer!r} "
+                               "ranks; the ledger checks a pipeline between those roles",
+                               replay=replay)
+    made_at: dict[tuple[int, int], list[Occurrence]] = {}
+    for occ in history.kept():
+        for pair in _by_role(history, occ, producer):
+            made_at.setdefault(pair, []).append(occ)
+    problems: list[tuple[Occurrence, str, int | None]] = []
+    delivered = 0
+    for occ in history.kept():
+        made, took = _by_role(history, occ, producer), _by_role(history, occ, consumer)
+        delivered += len(took)
+        if not made and not took:
+            continue
+        dropped = sorted(set(made) - set(took))
+        foreign = sorted(set(took) - set(made))
+        where = f"step {occ.step} (generation {occ.gen})"
+        if foreign:  # the more specific finding: the stream is out of step
+            (epoch, sample) = foreign[0]
+            origin = [o for o in made_at.get(foreign[0], []) if o != occ]
+            source = (f"made at step {origin[0].step} (generation {origin[0].gen})" if origin
+                      else "that no kept step made")
+            also = f", and {len(dropped)} made for it never arrived" if dropped else ""
+            problems.append((occ, f"{where}: {consumer} rank {took[foreign[0]]} took "
+                             f"{_count(len(foreign), 'sample')} its {producer}s did not make for "
+                             f"this step (e.g. sample {sample}, epoch {epoch}, {source}){also}: a "
+                             f"batch was delivered twice or to the wrong step", took[foreign[0]]))
+        elif dropped:
+            (epoch, sample) = dropped[0]
+            problems.append((occ, f"{where}: {_count(len(dropped), 'sample')} made by {producer} "
+                             f"ranks never reached a {consumer} (e.g. sample {sample}, epoch "
+                             f"{epoch}, from {producer} rank {made[dropped[0]]}): a share was "
+                             f"dropped instead of redistributed", made[dropped[0]]))
+    details = {"kept_steps": len(history.kept()), "delivered": delivered,
+               "problems": [p[1] for p in problems[:20]]}
+    if problems:
+        occ, text, rank = problems[0]
+        if len(problems) > 1:
+            text += f" ({len(problems)} mismatched steps in all)"
+        return Verdict.failed(check, text, step=occ.step, rank=rank, generation=occ.gen,
+                              fault=_fault_before(history, occ.gen), details=details, replay=replay)
+    return Verdict.passed(check, f"{delivered} samples crossed from {producer} to {consumer} "
+                          f"ranks exactly as made, over {len(history.kept())} kept steps",
+                          details=details, replay=replay)
+
+
+class RoleRate(NamedTuple):
+    """What one role did in one generation, over its steady steps (all but the first)."""
+
+    tokens: float
+    seconds: float               # wall time, scaled to the share of the machine left to the run
+    steps: int
+    wait: float                  # share of the ranks' time spent waiting on the other role
+    per_rank: dict[int, float]   # tokens each rank of the role processed (all ended steps)
+    queue: float | None          # mean queue depth the role recorded (producers), if any
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def role_rate(history: History, gen: int, role: str) -> RoleRate | None:
+    """Tokens/s of ``role`` in ``gen``: tokens of the committed steps after the first one, over
+    the time from the first one's end to the last's on the role's ranks (a producer that ran
+    ahead into steps nobody consumed does not count them). None below 3 committed steps."""
+    g = history.generations.get(gen)
+    if g is None:
+        return None
+    ranks = {r for r, name in enumerate(g.roles) if name == role}
+    steps = sorted(history.committed(gen))
+    if len(steps) < 3 or not ranks:
+        return None
+    ends = {s: max(t for r, t in history.end_times(gen, s).items() if r in ranks) for s in steps}
+    per_rank = {r: 0.0 for r in ranks}
+    tokens = waited = 0.0
+    depths = [d for s in steps for r, d in history.metric(gen, s, "queue").items() if r in ranks]
+    for s in steps:
+        for r, n in history.metric(gen, s, "tokens").items():
+            if r in ranks:
+                per_rank[r] += n
+                tokens += n if s != steps[0] else 0.0
+        if s != steps[0]:
+            waited += sum(w for r, w in history.metric(gen, s, "wait_s").items() if r in ranks)
+    wall = ends[steps[-1]] - ends[steps[0]]
+    seconds = wall * _share_left(history, gen, steps[1:], wall)
+    return RoleRate(tokens, seconds, len(steps), min(1.0, waited / (wall * len(ranks)))
+                    if wall > 0 else 0.0, per_rank, sum(depths) / len(depths) if depths else None)
+
+
+def _share_left(history: History, gen: int, steps: list[int], wall: float) -> float:
+    """The share of the machine's CPUs other processes left to the run during ``steps`` (1.0
+    when the workload did not record ``cpu_s``/``busy_s``/``cpus``): a CPU-bound run on a shared
+    runner gets only that, so its rate is judged per CPU it could have used."""
+    ours = sum(c for s in steps for c in history.metric(gen, s, "cpu_s").values())
+    busy_by_rank: dict[int, float] = {}
+    cpus = 0.0
+    for s in steps:
+        for r, b in history.metric(gen, s, "busy_s").items():
+            busy_by_rank[r] = busy_by_rank.get(r, 0.0) + b
+        cpus = max([cpus, *history.metric(gen, s, "cpus").values()])
+    if not busy_by_rank or not cpus or wall <= 0:
+        return 1.0
+    busy = busy_by_rank[min(busy_by_rank)]   # the machine's clock, read by one rank
+    foreign = max(0.0, busy - ours)
+    return min(1.0, max(0.25, 1 - foreign / (cpus * wall)))
+
+
+def _topology_name(roles: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for r in roles:
+        counts[r] = counts.get(r, 0) + 1
+    return " + ".join(f"{n} {r}" for r, n in counts.items())
+
+
+def _k(rate: float) -> str:
+    return f"{rate / 1000:.1f} Ktok/s"
+
+
+def throughput(history: History, *, references: Mapping[tuple[str, ...], History] | None = None,
+               min_fraction: float | None = None, min_share: float = 0.5) -> Verdict:
+    """Each generation's tokens/s per role against a fault-free run of the same topology
+    (``references``), failing below a declared ``min_fraction`` of it (undeclared: measured and
+    reported only, since a rate over a few short steps on a shared CPU runner swings by 2x);
+    and, needing no reference and immune to load, every rank of a role doing at least
+    ``min_share`` of the role's mean work, so a pool that silently shrank (ranks alive and idle,
+    seed 001's 0% GPUs) fails. The message names the bottleneck: the role that waited least on
+    the other."""
+    check, replay = "throughput", history.replay
+    if not history.has_tokens():
+        return Verdict.unknown(check, "the workload recorded no token counts; call "
+                               "s.record(tokens=n) in each step", replay=replay)
+    measured: list[str] = []
+    failures: list[tuple[int, str, int | None]] = []
+    for gen, g in sorted(history.generations.items()):
+        rates = {role: rate for role in dict.fromkeys(g.roles)
+                 if (rate := role_rate(history, gen, role)) is not None}
+        if not rates:
+            continue
+        topo = _topology_name(g.roles)
+        bottleneck = min(rates, key=lambda role: rates[role].wait) if len(rates) > 1 else None
+        waits = ", ".join(f"{role}s waited {r.wait:.0%}"
+                          + (f" (mean queue depth {r.queue:.1f})" if r.queue is not None else "")
+                          for role, r in rates.items())
+        why = (f"bottleneck: {bottleneck} ({waits} of their time on the other role)"
+               if bottleneck else "")
+        ref = (references or {}).get(tuple(g.roles))
+        for role, r in rates.items():
+            mean = sum(r.per_rank.values()) / len(r.per_rank)
+            idle = sorted(rank for rank, n in r.per_rank.items() if n < min_share * mean)
+            if idle and len(r.per_rank) > 1:
+                working = len(r.per_rank) - len(idle)
+                failures.append((gen, f"generation {gen} ({topo}): {role} rank{'s' if len(idle) > 1 else ''} "
+                                 f"{', '.join(map(str, idle))} processed "
+                                 f"{', '.join(f'{r.per_rank[i]:.0f}' for i in idle)} tokens while "
+                                 f"the {role} ranks averaged {mean:.0f}: the {role} pool silently "
+                                 f"shrank to {working} of {len(r.per_rank)} working ranks; {why}",
+                                 idle[0]))
+            ref_rate = role_rate(ref, min(ref.generations), role) if ref and ref.generations else None
+            if ref_rate is None or ref_rate.rate <= 0:
+                measured.append(f"gen {gen} {role} {_k(r.rate)} (no reference)")
+                continue
+            ratio = r.rate / ref_rate.rate
+            measured.append(f"gen {gen} {role} {_k(r.rate)} ({ratio:.0%})")
+            if min_fraction is not None and ratio < min_fraction:
+                failures.append((gen, f"generation {gen} ({topo}): {role} throughput {_k(r.rate)}, "
+                                 f"{ratio:.0%} of the fault-free run's {_k(ref_rate.rate)} at this "
+                                 f"topology (declared minimum {min_fraction:.0%}); {why}", None))
+    details = {"measured": measured}
+    if failures:
+        gen, text, rank = failures[0]
+        if len(failures) > 1:
+            text += f" ({len(failures)} findings in all)"
+        return Verdict.failed(check, text, rank=rank, generation=gen, details=details,
+                              replay=replay)
+    if not measured:
+        return Verdict.unknown(check, "no generation ran the 3 steps a rate needs", replay=replay)
+    bound = (f"every rate at least {min_fraction:.0%} of the clean run's" if min_fraction is not None
+             else "no minimum rate declared (min_throughput=)")
+    return Verdict.passed(check, f"every rank of each role worked; {bound}: " + "; ".join(measured),
+                          details=details, replay=replay)
 
 
 DEFAULT_CHECKS: Mapping[str, Checker] = {

@@ -1,6 +1,7 @@
 """``pytest-reshard``: the main job (a bundled chaos suite) and replays of saved scenarios.
 
-    pytest-reshard smoke                 # bundled smoke suite against the bundled LM, on CPU
+    pytest-reshard smoke                 # bundled smoke suite against both bundled workloads, on CPU
+    pytest-reshard dflash                # the target + drafter pipeline under role-aware chaos
     pytest-reshard smoke -- -k preempt   # extra pytest arguments after --
     pytest-reshard replay reshard-artifacts/<test>/scenario.json
 """

@@ -149,6 +149,7 @@ class _Index:
     """Per-(gen, step) facts, built once."""
 
     ends: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    end_times: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
     begins: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     records: dict[tuple[int, int], list[Event]] = field(default_factory=dict)
     starts: dict[int, dict[int, Event]] = field(default_factory=dict)
@@ -228,6 +229,7 @@ class History:
             ix.begins.setdefault((gen, int(e["step"])), set()).add(rank)
         elif ev == "end":
             ix.ends.setdefault((gen, int(e["step"])), set()).add(rank)
+            ix.end_times.setdefault((gen, int(e["step"])), {})[rank] = float(e.get("t", 0.0))
         elif ev == "record":
             ix.records.setdefault((gen, int(e["step"])), []).append(e)
 
@@ -330,8 +332,10 @@ class History:
         return roles[rank] if rank < len(roles) else ""
 
     def max_rewind_steps(self, gen: int) -> int:
-        """What an unplanned failure may cost, as declared in ``gen`` (undeclared -> 0)."""
-        values = [s.get("max_rewind_steps") for s in self._ix.starts.get(gen, {}).values()]
+        """What an unplanned failure may cost, as declared in ``gen`` at ``attach`` or ``resumed``
+        (the lowest declaration wins; undeclared -> 0)."""
+        values = [e.get("max_rewind_steps") for by_rank in (self._ix.starts, self._ix.resumed)
+                  for e in by_rank.get(gen, {}).values()]
         declared = [int(v) for v in values if v is not None]
         return min(declared) if declared else 0
 
@@ -395,6 +399,21 @@ class History:
         """occurrence -> the union over ranks of its (epoch, sample id) pairs."""
         return {occ: frozenset(p for pairs in self.samples(occ.gen, occ.step).values()
                                for p in pairs) for occ in self.kept()}
+
+    def end_times(self, gen: int, step: int) -> dict[int, float]:
+        """rank -> when it ended the step in ``gen``."""
+        return dict(self._ix.end_times.get((gen, step), {}))
+
+    def metric(self, gen: int, step: int, name: str) -> dict[int, float]:
+        """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``)."""
+        out: dict[int, float] = {}
+        for e in self._ix.records.get((gen, step), ()):
+            if isinstance(e.get(name), (int, float)):
+                out[int(e["rank"])] = out.get(int(e["rank"]), 0.0) + float(e[name])
+        return out
+
+    def has_tokens(self) -> bool:
+        return any(e.get("tokens") is not None for recs in self._ix.records.values() for e in recs)
 
     def has_samples(self) -> bool:
         return any(e.get("samples") is not None for recs in self._ix.records.values() for e in recs)

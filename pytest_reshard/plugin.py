@@ -218,7 +218,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture
 def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, Any], None]) -> Callable[..., Any]:
-    """Run a workload under chaos: ``reshard_run("train.py" | "lm", faults=[...], ...)``.
+    """Run a workload under chaos: ``reshard_run("train.py" | "lm" | "dflash", faults=[...])``.
 
     Keyword arguments override the ``reshard`` marker: world_size, steps, seed, timeout,
     launcher, backend, args (the workload's own command-line arguments), and any Scenario
@@ -234,12 +234,15 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         nonlocal count
         from .runner import scenario_from
 
+        from .supervisor import BUNDLED
+
         opts = {**defaults, **overrides}
         workload = workload or opts.pop("workload", None)
         opts.pop("workload", None)
         if workload is None:
-            raise pytest.UsageError("reshard_run needs a workload: a script path or 'lm'")
-        if workload not in ("lm",) and not os.path.isabs(workload):
+            raise pytest.UsageError("reshard_run needs a workload: a script path or one of "
+                                    f"{', '.join(sorted(BUNDLED))}")
+        if workload not in BUNDLED and not os.path.isabs(workload):
             candidate = Path(request.node.path).parent / workload
             workload = str(candidate if candidate.exists() else Path(workload).resolve())
         s = state.settings

@@ -159,6 +159,8 @@ class Run:
         self.workdir: Path | None = None
         self.seed = 0
         self.role = role or "trainer"
+        #: Every rank's role this generation (from the harness's plan); None outside the harness.
+        self.roles: tuple[str, ...] | None = None
         self.device_map: list[int] | None = None
         self._stop = False
         self._notice: ReshardNotice | None = None
@@ -171,7 +173,8 @@ class Run:
         self.workdir = root / "work"
         plan = json.loads((root / f"plan-g{self.generation}.json").read_text())
         self.seed = int(plan["seed"])
-        self.role = role or plan["roles"][self.rank]
+        self.roles = tuple(plan["roles"])
+        self.role = role or self.roles[self.rank]
         #: device_map[r] is the device (local rank) rank r runs on this generation, None for
         #: r -> r. A rebalance moves some ranks' shards to other devices at the same world size;
         #: the launcher sets LOCAL_RANK to match.
@@ -202,10 +205,14 @@ class Run:
         os.write(self._fd, f'{{"ev":"{ev}","step":{int(step)}{extra},"t":{time.time()!r},'
                            f'"gen":{self.generation},"rank":{self.rank}}}\n'.encode())
 
-    def resumed(self, step: int, *, source: str = "checkpoint") -> None:
-        """Declare the first step this generation will run (0 for a fresh start)."""
+    def resumed(self, step: int, *, source: str = "checkpoint",
+                max_rewind_steps: int | None = None) -> None:
+        """Declare the first step this generation will run (0 for a fresh start).
+
+        ``max_rewind_steps`` may be declared here instead of at ``attach`` when the budget
+        depends on what the workload found (a pipeline's count of replicated ranks, say)."""
         if self.active:
-            self._emit("resumed", step=int(step), source=source)
+            self._emit("resumed", step=int(step), source=source, max_rewind_steps=max_rewind_steps)
 
     @contextmanager
     def step(self, step: int) -> Iterator[Step]:

@@ -10,7 +10,8 @@ from typing import Any, Mapping, Sequence
 
 COLUMNS = [("no_rewind", "rewind"), ("loss_continuity", "loss"),
            ("exactly_once_samples", "samples"), ("state_equivalence", "state"),
-           ("liveness", "live"), ("poisoned_commit", "ecc"), ("memory_headroom", "mem")]
+           ("liveness", "live"), ("poisoned_commit", "ecc"), ("sample_ledger", "ledger"),
+           ("throughput", "tok/s"), ("memory_headroom", "mem")]
 MARK = {"pass": "pass", "fail": "FAIL", "unknown": "?"}
 
 

@@ -72,6 +72,15 @@ class Result:
         """The run finished; no rank died, stopped or vanished without a scheduled fault."""
         self._assert("liveness")
 
+    def assert_sample_ledger(self) -> None:
+        """Across a pipeline's queue, every step's consumers took exactly what its producers made."""
+        self._assert("sample_ledger")
+
+    def assert_throughput(self) -> None:
+        """No generation ran below ``min_throughput`` of a clean run's tokens/s, and no rank of a
+        role sat idle while the others worked (a pool that silently shrank)."""
+        self._assert("throughput")
+
     def assert_memory_headroom(self) -> None:
         """No rank came within the margin of the scenario's memory budget."""
         self._assert("memory_headroom")

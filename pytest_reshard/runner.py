@@ -13,6 +13,7 @@ import shlex
 import shutil
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -22,7 +23,7 @@ from .result import Result
 from .verdict import Verdict
 from .schedule import Fault, Schedule, validate
 from .launchers import ForkLauncher
-from .supervisor import Scenario, Supervisor, workload_argv
+from .supervisor import BUNDLED_PHASES, Scenario, Supervisor, default_roles, expand_roles, workload_argv
 from . import checkers
 
 
@@ -73,22 +74,22 @@ class Session:
         sup.run(replay=replay)
         return History.load(run_dir)
 
-    def reference(self, scenario: Scenario, world_size: int) -> History:
-        """A fault-free run of the same workload, seed and data at ``world_size`` (cached).
+    def reference(self, scenario: Scenario, roles: Sequence[str]) -> History:
+        """A fault-free run of the same workload, seed and data with these ranks' roles (cached).
 
         Only what shapes the loss keys the cache; chaos knobs (memory budget, hang and stall
         limits) are left at their defaults, so a budget meant for the faulty run cannot end the
         clean one."""
-        clean = Scenario(workload=scenario.workload, world_size=world_size, steps=scenario.steps,
+        clean = Scenario(workload=scenario.workload, world_size=len(roles), steps=scenario.steps,
                          schedule=Schedule(scenario.schedule.seed), args=list(scenario.args),
                          timeout_s=scenario.timeout_s, backend=scenario.backend,
-                         launcher=scenario.launcher, roles=scenario.roles)
+                         launcher=scenario.launcher, roles=list(roles))
         shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         if key not in self._references:
-            self.progress(f"reference run: {scenario.workload}, world size {world_size}")
+            self.progress(f"reference run: {scenario.workload}, {_topology(roles)}")
             self._references[key] = self.execute(clean, self.artifacts / "_references" / key,
-                                                 name=f"reference (world size {world_size})")
+                                                 name=f"reference ({_topology(roles)})")
         return self._references[key]
 
     def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:
@@ -110,7 +111,7 @@ class Session:
         a warning, not a lost verdict."""
         from . import html_report
 
-        reference = self.reference(result.scenario, result.scenario.world_size)  # cached
+        reference = self.reference(result.scenario, initial_roles(result.scenario))  # cached
         try:
             written = html_report.write(result, reference)
         except Exception as e:  # noqa: BLE001 - reported, the verdict stands
@@ -129,8 +130,9 @@ class Session:
             "liveness": checkers.liveness(history),
             "poisoned_commit": checkers.poisoned_commit(history),
         }
-        reference = self.reference(scenario, scenario.world_size)
-        other = _other_world_size(scenario, history)
+        first = initial_roles(scenario)
+        reference = self.reference(scenario, first)
+        other = _other_topology(scenario, first, history)
         second = self.reference(scenario, other) if other is not None else None
         broken = [(h, v) for h in (reference, second) if h is not None
                   for v in [checkers.liveness(h)] if v.status != "pass"]
@@ -146,17 +148,44 @@ class Session:
                                                                    spread=spread)
             verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
                                                                              reference=reference)
+        if checkers.has_roles(history, *checkers.PIPELINE_ROLES):
+            verdicts["sample_ledger"] = checkers.sample_ledger(history)
+        if history.has_tokens():
+            topologies = {tuple(g.roles) for g in history.generations.values() if g.roles}
+            verdicts["throughput"] = checkers.throughput(
+                history, references={t: self.reference(scenario, t) for t in sorted(topologies)},
+                min_fraction=scenario.min_throughput)
         if scenario.memory_budget_bytes:
             verdicts["memory_headroom"] = checkers.memory_headroom(history)
         return verdicts
 
 
-def _other_world_size(scenario: Scenario, history: History) -> int | None:
-    """A second world size whose clean run sets the noise floor: one the run used, else half."""
-    used = sorted({g.world_size for g in history.generations.values()} - {scenario.world_size})
+def initial_roles(scenario: Scenario) -> list[str]:
+    return expand_roles(scenario.roles, scenario.world_size) if scenario.roles else \
+        default_roles(scenario.workload, scenario.world_size)
+
+
+def _topology(roles: Sequence[str]) -> str:
+    """``2 target + 2 drafter`` or ``world size 4``."""
+    counts = dict(Counter(roles))
+    if len(counts) == 1:
+        return f"world size {len(roles)}"
+    return " + ".join(f"{n} {role}" for role, n in counts.items())
+
+
+def _other_topology(scenario: Scenario, first: list[str], history: History) -> list[str] | None:
+    """A second topology whose clean run sets the noise floor: one the run used, else half the
+    ranks (one role, or a bundled workload's default split)."""
+    used = [list(g.roles) for _, g in sorted(history.generations.items())
+            if g.roles and list(g.roles) != first]
     if used:
         return used[0]
-    return scenario.world_size // 2 if scenario.world_size >= 2 else None
+    half = len(first) // 2
+    if half < 1:
+        return None
+    if len(set(first)) == 1:
+        return first[:half]
+    return default_roles(scenario.workload, half) if not scenario.roles else None
 
 
 def _safe(name: str) -> str:
@@ -177,6 +206,10 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
                 raise TypeError(f"faults must be built with pytest_reshard.chaos, got {one!r}")
             flat.append(one)
     schedule = Schedule(seed, flat)
+    if options.get("roles") is not None:
+        options["roles"] = expand_roles(options["roles"], world_size)
+    if not options.get("phases") and workload in BUNDLED_PHASES:
+        options["phases"] = list(BUNDLED_PHASES[workload])
     validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or ())
     return Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
                     **options)

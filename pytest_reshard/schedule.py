@@ -4,7 +4,8 @@ A schedule is a seed plus a list of faults. Each fault is ``(kind, target, when,
 
 - ``kind``: what happens (``"kill"``, ``"preempt"``, ``"shift_shards"``, ...).
 - ``target``: which ranks, as a string: ``"all"``, ``"one"``, ``"minority"``, ``"rank:2"``,
-  ``"role:drafter"``. ``"one"`` and ``"minority"`` are drawn from the seed when the generation
+  ``"role:drafter"`` (every drafter), ``"role:drafter:one"`` (one of them). ``"one"``,
+  ``"minority"`` and ``":one"`` are drawn from the seed when the generation
   that runs the step starts, so a schedule replays exactly.
 - ``when``: a step and a named phase inside it, so "mid-step" is exact and replayable.
 - ``params``: kind-specific numbers (``to_world_size``, ``notice_s``, ``grace_s``, ...).
@@ -39,10 +40,12 @@ def _check_target(target: str) -> str:
     key, _, value = target.partition(":")
     if key == "rank" and value.isdigit():
         return target
-    if key == "role" and value:
+    name, _, pick = value.partition(":")
+    if key == "role" and name and pick in ("", "one"):
         return target
     raise ScheduleError(
-        f"bad fault target {target!r}: use 'all', 'one', 'minority', 'rank:N' or 'role:NAME'"
+        f"bad fault target {target!r}: use 'all', 'one', 'minority', 'rank:N', 'role:NAME' "
+        "(every rank of the role) or 'role:NAME:one' (one of them, drawn from the seed)"
     )
 
 
@@ -131,10 +134,11 @@ def resolve_target(target: str, world_size: int, roles: Sequence[str], seed: int
         if r >= world_size:
             raise ScheduleError(f"target {target} does not exist at world size {world_size}")
         return [r]
-    chosen = [r for r in ranks if roles[r] == value]
+    name, _, pick = value.partition(":")
+    chosen = [r for r in ranks if roles[r] == name]
     if not chosen:
-        raise ScheduleError(f"target {target}: no rank has role {value!r} (roles: {sorted(set(roles))})")
-    return chosen
+        raise ScheduleError(f"target {target}: no rank has role {name!r} (roles: {sorted(set(roles))})")
+    return [rng.choice(chosen)] if pick == "one" else chosen
 
 
 def validate(schedule: Schedule, *, world_size: int, steps: int,

@@ -23,7 +23,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from .launchers import ForkLauncher, Generation, LocalLauncher, RankSpec, TorchrunLauncher, free_port
 from . import processes
@@ -47,12 +47,13 @@ class Scenario:
     timeout_s: float = 120.0
     backend: str = "gloo"
     launcher: str = "fork"         # fork | local | torchrun
-    roles: list[str] | None = None  # role of each rank; default all "trainer"
+    roles: list[str] | None = None  # role of each rank; default: default_roles(workload, ...)
     hang_s: float = 1.0            # heartbeat silence of a stopped rank (10x if the kernel disagrees)
     stall_s: float = 10.0          # no progress from any rank this long means a stall
     startup_s: float = 60.0        # first event of a generation must come within this
     failure_grace_s: float = 5.0   # after an unplanned death, survivors get this long to exit
     memory_budget_bytes: int | None = None  # per-rank peak RSS budget (CPU); None: unlimited
+    min_throughput: float | None = None  # fail a generation below this share of a clean run's tokens/s
     phases: list[str] | None = None  # fault points the workload marks beyond STANDARD_PHASES
     max_generations: int = 12
 
@@ -68,7 +69,46 @@ class Scenario:
         return cls(**d)
 
 
-BUNDLED = {"lm": "pytest_reshard.fixtures.lm"}
+BUNDLED = {"lm": "pytest_reshard.fixtures.lm", "dflash": "pytest_reshard.fixtures.dflash"}
+#: Fault points a bundled workload marks beyond STANDARD_PHASES.
+BUNDLED_PHASES = {"dflash": ("recv", "send")}
+
+
+def default_roles(workload: str, world_size: int) -> list[str]:
+    """Each rank's role when the scenario names none: the target + drafter pipeline splits the
+    world in half (targets first), everything else is one role."""
+    if workload == "dflash":
+        targets = max(1, world_size // 2)
+        return ["target"] * targets + ["drafter"] * (world_size - targets)
+    return ["trainer"] * world_size
+
+
+def expand_roles(spec: Sequence[str] | Mapping[str, int], world_size: int | None = None) -> list[str]:
+    """``{"target": 3, "drafter": 1}`` (counts, in order) or an explicit list -> one role per rank."""
+    if isinstance(spec, Mapping):
+        roles = [role for role, n in spec.items() for _ in range(int(n))]
+    else:
+        roles = [str(r) for r in spec]
+    if not roles or any(not r for r in roles):
+        raise ValueError(f"roles {spec!r}: name at least one rank's role, none empty")
+    if world_size is not None and len(roles) != world_size:
+        raise ValueError(f"roles {spec!r} name {len(roles)} ranks but the world size is "
+                         f"{world_size}; make the counts add up")
+    return roles
+
+
+def next_roles(roles: Sequence[str], size: int, *, lost: int | None = None,
+               wanted: Sequence[str] | Mapping[str, int] | None = None) -> list[str]:
+    """The roles of the next generation: as a planned change says (``wanted``), else the same
+    ranks less the one that was lost, else trimmed (or extended) at the end."""
+    if wanted:
+        return expand_roles(wanted, size)
+    out = list(roles)
+    if lost is not None and size < len(out) and lost < len(out):
+        del out[lost]
+    del out[size:]
+    out.extend(out[-1:] * (size - len(out)) if out else ["trainer"] * size)
+    return out
 
 
 def workload_argv(scenario: Scenario) -> tuple[list[str], list[str]]:
@@ -150,6 +190,8 @@ class Outcome:
     fault_id: int | None = None
     detail: str = ""
     next_world_size: int | None = None  # None: the run is over
+    lost_rank: int | None = None    # the rank whose unplanned loss ended the generation
+    next_roles: Any = None          # roles a planned change asks for (counts or a list)
     device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
 
 
@@ -192,6 +234,8 @@ class Supervisor:
                     memory_budget_bytes=sc.memory_budget_bytes, replay=replay)
         (self.run_dir / "scenario.json").write_text(json.dumps(sc.to_dict(), indent=2))
         world_size: int | None = sc.world_size
+        roles = expand_roles(sc.roles, sc.world_size) if sc.roles else \
+            default_roles(sc.workload, sc.world_size)
         gen = 0
         try:
             while world_size is not None:
@@ -199,7 +243,10 @@ class Supervisor:
                     self.record("abort", detail=f"gave up after {sc.max_generations} generations")
                     self._progress(f"gave up after {sc.max_generations} generations")
                     break
-                outcome = self._generation(gen, world_size, deadline)
+                outcome = self._generation(gen, roles, deadline)
+                if outcome.next_world_size is not None:
+                    roles = next_roles(roles, outcome.next_world_size, lost=outcome.lost_rank,
+                                       wanted=outcome.next_roles)
                 self.device_map = outcome.device_map
                 self.record("gen_end", gen=gen, cause=outcome.cause, planned=outcome.planned,
                             fault_id=outcome.fault_id, detail=outcome.detail)
@@ -221,12 +268,6 @@ class Supervisor:
             self.launcher.close()
         if not self._sup.closed:
             self._sup.close()
-
-    def _roles(self, world_size: int) -> list[str]:
-        roles = self.scenario.roles
-        if roles and len(roles) == world_size:
-            return list(roles)
-        return ["trainer"] * world_size
 
     def _plan(self, gen: int, world_size: int, roles: list[str]) -> None:
         sc = self.scenario
@@ -260,9 +301,9 @@ class Supervisor:
                          log=self.logs_dir / f"g{gen}-r{r}.log")
                 for r in range(world_size)]
 
-    def _generation(self, gen: int, world_size: int, deadline: float) -> Outcome:
+    def _generation(self, gen: int, roles: list[str], deadline: float) -> Outcome:
         sc = self.scenario
-        roles = self._roles(world_size)
+        world_size = len(roles)
         self._plan(gen, world_size, roles)
         launched = time.monotonic()
         # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
@@ -489,7 +530,8 @@ class _Watch:
         if fault is None:
             return Outcome("hang", detail=detail)
         after = int(fault["params"].get("then_world_size") or self.world_size)
-        return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after)
+        return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after,
+                       lost_rank=rank)
 
     def _hb(self, rank: int) -> Path:
         return self.sup.events_dir / f"g{self.gen}-r{rank}.hb"
@@ -530,7 +572,8 @@ class _Watch:
             if fault is None:
                 return Outcome("failure", detail=detail)
             after = int(fault["params"].get("then_world_size") or self.world_size)
-            return Outcome("failure", fault_id=fault["id"], detail=detail, next_world_size=after)
+            return Outcome("failure", fault_id=fault["id"], detail=detail, next_world_size=after,
+                           lost_rank=rank)
         if self.planned is not None and self._finished(codes):
             ev = self.planned  # a notice at the last step: nothing is left for a next generation
             return Outcome("complete", fault_id=ev["id"],
@@ -547,8 +590,11 @@ class _Watch:
                 device_map = rebalanced(self.world_size, params["fraction"],
                                        f"{sc.schedule.seed}:{ev['id']}")
                 detail += f": rank r now on device {device_map}[r]"
+            if params.get("roles"):
+                detail += f"; roles now {dict(params['roles'])}"
             return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
-                           next_world_size=int(after), device_map=device_map)
+                           next_world_size=int(after), device_map=device_map,
+                           next_roles=params.get("roles"))
         # Everybody exited 0 with nothing planned: finished, or a silent early exit.
         last = {r: self._last_end(r) for r in codes}
         short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)

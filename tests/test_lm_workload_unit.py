@@ -4,6 +4,7 @@ No processes are started here; the multi-rank behaviour is covered by the harnes
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def test_cli_flags_come_from_the_config_dataclass():
         assert cfg.global_batch % world == 0
     with pytest.raises(SystemExit):
         lm.parse_args(["--bug", "no_such_bug"])
-    assert set(lm._field_docs(lm.LMConfig)) == {f.name for f in lm.fields(lm.LMConfig)}
+    assert set(C.field_docs(lm.LMConfig)) == {f.name for f in dataclasses.fields(lm.LMConfig)}
 
 
 def test_replicas_fall_back_to_a_divisor_of_the_world_size():

@@ -1,12 +1,14 @@
-"""The smoke suite: the bundled LM workload (tiny, CPU) through every fault of the core catalog.
+"""The smoke suite: both bundled workloads (tiny, CPU) through the core faults.
 
-Run it with ``pytest-reshard smoke``. Each scenario must pass every default checker; together
-they cover planned reshards 4 -> 3 -> 2, a replicated kill that must lose nothing, and a spot
-preemption.
+Run it with ``pytest-reshard smoke``. Each scenario must pass every default checker. For the LM:
+planned reshards 4 -> 3 -> 2, a replicated kill that must lose nothing, and a spot preemption.
+For the target + drafter pipeline: every scenario of the ``dflash`` suite (role-aware kills,
+a silent drafter death, topology changes 2+2 <-> 3+1).
 """
 import pytest
 
 from pytest_reshard import chaos
+from pytest_reshard.chaos.suites.dflash import SCENARIOS as DFLASH
 
 pytestmark = pytest.mark.chaos
 
@@ -29,4 +31,11 @@ SCENARIOS = {
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_lm_survives(reshard_run, name):
     result = reshard_run("lm", **SCENARIOS[name])
+    result.assert_ok()
+
+
+@pytest.mark.reshard(world_size=4, steps=12, timeout=120)
+@pytest.mark.parametrize("name", list(DFLASH))
+def test_dflash_survives(reshard_run, name):
+    result = reshard_run("dflash", **DFLASH[name])
     result.assert_ok()
