@@ -17,3 +17,11 @@ def test_lm_on_nccl_survives_preemption(reshard_run):
 def test_lm_on_nccl_reshards_2_to_1(reshard_run):
     result = reshard_run("lm", world_size=2, faults=[chaos.shift_shards(to_world_size=1, at_step=4, notice_s=60)])
     result.assert_ok()
+
+
+@pytest.mark.gpu(1)
+def test_dflash_on_a_gpu_survives_a_target_kill(reshard_run):
+    """Three targets share the GPU with the drafter, whose draft head trains on CUDA."""
+    result = reshard_run("dflash", world_size=4, roles={"target": 3, "drafter": 1},
+                         faults=[chaos.kill(role="target", at_step=4, phase="send")])
+    result.assert_ok()
