@@ -6,7 +6,8 @@ takes from the machine must not collide:
 - **ports**: the rendezvous store binds port 0 (the kernel picks a free one, race-free), but a
   port that we pick and hand to another process (torchrun's ``--rdzv-endpoint``) is free only
   when picked. Each worker picks from its own range (``RESHARD_PORT_RANGE``), below the kernel's
-  ephemeral range, so neither another worker nor a kernel-assigned port can take it meanwhile;
+  ephemeral range (or its share of a ``RESHARD_PORT_RANGE=LO-HI`` given for the run), so neither
+  another worker nor a kernel-assigned port can take it meanwhile;
 - **GPUs**: each worker sees a disjoint share of the machine's GPUs (NVML's inventory, or
   ``nvidia-smi``'s) through ``CUDA_VISIBLE_DEVICES``, so no two scenarios share a device;
 - **artifacts**: each worker writes under ``<artifacts>/<worker id>/`` (its reference runs too).
@@ -49,16 +50,20 @@ def ephemeral_low(path: str = EPHEMERAL) -> int:
         return 32768
 
 
-def port_range(index: int, count: int, *, low_ephemeral: int | None = None) -> tuple[int, int]:
-    """Worker ``index`` of ``count``'s own ports [lo, hi): disjoint from every other worker's and
-    below the kernel's ephemeral range."""
-    top = ephemeral_low() if low_ephemeral is None else low_ephemeral
-    span = min(PORT_SPAN, (top - PORT_BASE) // max(count, 1))
+def port_range(index: int, count: int, *, low_ephemeral: int | None = None,
+               pool: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Worker ``index`` of ``count``'s own ports [lo, hi): disjoint from every other worker's.
+    Carved from ``pool`` when given (a ``RESHARD_PORT_RANGE`` set for the whole run), else from
+    the ports between PORT_BASE and the kernel's ephemeral range."""
+    if pool is None:
+        top = ephemeral_low() if low_ephemeral is None else low_ephemeral
+        pool = (PORT_BASE, top)
+    span = min(PORT_SPAN, (pool[1] - pool[0]) // max(count, 1))
     if span < 8:
-        raise RuntimeError(f"{count} xdist workers cannot each get a port range between "
-                           f"{PORT_BASE} and the kernel's ephemeral ports ({top}); use fewer "
-                           "workers or set RESHARD_PORT_RANGE=lo-hi for each")
-    lo = PORT_BASE + index * span
+        raise RuntimeError(f"{count} xdist workers cannot each get a port range of 8 or more in "
+                           f"{pool[0]}-{pool[1]}; use fewer workers or a wider "
+                           "RESHARD_PORT_RANGE=LO-HI")
+    lo = pool[0] + index * span
     return lo, lo + span
 
 
@@ -117,8 +122,8 @@ def configure(wid: str, count: int, environ: MutableMapping[str, str] | None = N
     env = os.environ if environ is None else environ
     digits = "".join(c for c in wid if c.isdigit())
     index = int(digits) if digits else 0
-    ports = (parse_port_range(env["RESHARD_PORT_RANGE"]) if env.get("RESHARD_PORT_RANGE")
-             else port_range(index, count))
+    pool = parse_port_range(env["RESHARD_PORT_RANGE"]) if env.get("RESHARD_PORT_RANGE") else None
+    ports = port_range(index, count, pool=pool)  # a range given for the run is split too
     env["RESHARD_PORT_RANGE"] = f"{ports[0]}-{ports[1]}"
     inventory, note = gpu_inventory(env)
     share: list[str] | None = None

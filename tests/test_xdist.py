@@ -22,6 +22,8 @@ def test_port_ranges_are_disjoint_and_below_the_kernels_ephemeral_ports():
         assert all(1024 <= lo < hi <= 32768 for lo, hi in ranges)
     with pytest.raises(RuntimeError, match="cannot each get a port range"):
         workers.port_range(0, 5000, low_ephemeral=32768)
+    given = [workers.port_range(i, 3, pool=(40000, 40030)) for i in range(3)]
+    assert given == [(40000, 40010), (40010, 40020), (40020, 40030)]  # a run's range is split
 
 
 def test_free_port_stays_in_the_workers_range_and_skips_ports_in_use(monkeypatch):
@@ -58,6 +60,9 @@ def test_configure_claims_ports_and_gpus_in_the_environment():
     layout = workers.configure("gw1", 2, env)
     assert (layout.gpus, layout.gpu_total, env["CUDA_VISIBLE_DEVICES"]) == (("2", "3"), 4, "2,3")
     assert env["RESHARD_PORT_RANGE"] == f"{layout.ports[0]}-{layout.ports[1]}"
+    given = {"RESHARD_PORT_RANGE": "30000-30100", "CUDA_VISIBLE_DEVICES": ""}
+    assert workers.configure("gw1", 2, given).ports == (30050, 30100)
+    assert given["CUDA_VISIBLE_DEVICES"] == ""  # no GPU to share: every worker sees none
     cpu: dict[str, str] = {}
     if workers.gpu_inventory(cpu)[0] is None:  # a CPU machine: no GPU set, nothing hidden
         assert workers.configure("gw0", 2, cpu).gpus is None and "CUDA_VISIBLE_DEVICES" not in cpu
@@ -109,7 +114,6 @@ def test_two_workers_run_scenarios_apart_and_summarise_once(pytester, monkeypatc
     """)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
-    monkeypatch.delenv("RESHARD_PORT_RANGE", raising=False)
     result = pytester.runpytest_subprocess("-n", "2", "--reshard-artifacts=art",
                                            "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
