@@ -33,6 +33,8 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_baselines", "string", ".reshard-baselines", "folder that holds saved baselines"),
     ("reshard_profile", "string", "ci", "hypothesis profile of property-based chaos tests: ci (10 "
      "examples, derandomized) or nightly (50, with a database); env RESHARD_PROFILE beats ini"),
+    ("reshard_checkpoint_scale", "string", "1/1024", "fraction of a real checkpoint's bytes that "
+     "checkpoint_factory writes when a test gives no scale (1: production size)"),
 ]
 _STATE = pytest.StashKey["_State"]()
 
@@ -84,6 +86,13 @@ def _validate(name: str, value: str, source: str) -> str:
             raise pytest.UsageError(f"{source}: {e}") from None
     if name == "reshard_profile" and value not in PROFILES:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(PROFILES)}")
+    if name == "reshard_checkpoint_scale":
+        from .fixtures.checkpoint_profiles import parse_scale  # plain data, no torch
+
+        try:
+            parse_scale(value)
+        except ValueError as e:
+            raise pytest.UsageError(f"{source}={value!r}: {e}") from None
     return value
 
 
@@ -310,6 +319,29 @@ def _resolve_backend(backend: str) -> str:
     if backend == "nccl" and not has_cuda:
         pytest.skip("backend nccl needs CUDA, and none is available here")
     return "nccl" if has_cuda else "gloo"
+
+
+@pytest.fixture(scope="session")
+def _reshard_checkpoint_launcher() -> Any:
+    from .checkpoints import fork_launcher
+
+    launcher = fork_launcher()  # the server starts on the first write
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture
+def checkpoint_factory(request: pytest.FixtureRequest, tmp_path: Path,
+                       _reshard_checkpoint_launcher: Any) -> Any:
+    """Write a sharded DCP checkpoint shaped like a real model family, with real I/O:
+    ``checkpoint_factory("llama3-70b", scale=1/1024, world_size=4)`` -> ``Written`` (path,
+    digests, GB/s); ``written.load(world_size=3).assert_bit_exact()`` reshards it. Profiles:
+    ``pytest_reshard.fixtures.checkpoint_profiles``; no scale: ``--reshard-checkpoint-scale``."""
+    from .checkpoints import CheckpointFactory
+    from .fixtures.checkpoint_profiles import parse_scale
+
+    scale = request.config.stash[_STATE].settings["reshard_checkpoint_scale"]
+    return CheckpointFactory(tmp_path, _reshard_checkpoint_launcher, parse_scale(scale))
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a worker finished
