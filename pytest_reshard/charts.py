@@ -224,16 +224,15 @@ def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark
                                                           f"of step {e['step']}"))
             for s, t0 in open_.items():  # begun, never ended: in flight when the rank stopped
                 bars.append(StepBar(gen, rank, s, s, t0, max(rank_last, gen_end.get(gen, t0)), False))
-    for d in history.detections():
+    # history.detections() lists the supervisor's detect events in order: pair them up for times
+    detect_t = [float(e["t"]) - origin for e in history.events if e["ev"] == "detect"]
+    for d, t in zip(history.detections(), detect_t, strict=True):
         if d.rank is None:
             continue
-        t = next((float(e["t"]) - origin for e in history.events if e["ev"] == "detect"
-                  and e.get("gen") == d.gen and e.get("rank") == d.rank and e.get("kind") == d.kind), None)
-        if t is not None:
-            where = f"step {d.step} {d.phase}" if d.step is not None else "before its first step"
-            marks.append(Mark(d.kind, d.gen, d.rank, t, f"g{d.gen} r{d.rank} {d.kind} at {where}"
-                              + (f" (exit {d.exit_code})" if d.exit_code is not None else "")
-                              + (f", detected in {d.latency_s * 1000:.0f} ms" if d.latency_s else "")))
+        where = f"step {d.step} {d.phase}" if d.step is not None else "before its first step"
+        marks.append(Mark(d.kind, d.gen, d.rank, t, f"g{d.gen} r{d.rank} {d.kind} at {where}"
+                          + (f" (exit {d.exit_code})" if d.exit_code is not None else "")
+                          + (f", detected in {d.latency_s * 1000:.0f} ms" if d.latency_s else "")))
     bars = [b for key in sorted(raw) for b in _merge(sorted(raw[key], key=lambda b: b.t0))]
     last_t = max([last_t, *gen_end.values()])
     return bars, marks, last_t
