@@ -206,3 +206,13 @@ def test_reports_modules_do_not_import_matplotlib_or_torch_until_drawing():
     code = ("import sys, pytest_reshard.html_report, pytest_reshard.charts, pytest_reshard.progress; "
             "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).parent)
+
+
+def test_each_detection_is_marked_at_its_own_time():
+    b = Builder(steps=6)
+    b.gen(run=range(2), partial={2: [0]}, cause="failure")
+    b.detect(0, "died", 1, 2, "forward", expected=False, exit_code=-9)
+    b.gen(resume=2, run=range(2, 3), partial={3: [0]}, cause="failure")
+    b.detect(1, "died", 1, 3, "forward", expected=False, exit_code=-9)
+    marks = [m for m in charts.ChartData.build(b.history()).marks if m.kind == "died"]
+    assert [(m.gen, m.rank) for m in marks] == [(0, 1), (1, 1)] and marks[0].t < marks[1].t
