@@ -4,6 +4,7 @@
     pytest-reshard dflash                # the target + drafter pipeline under role-aware chaos
     pytest-reshard smoke -- -k preempt   # extra pytest arguments after --
     pytest-reshard replay reshard-artifacts/<test>/scenario.json
+    pytest-reshard gate --old venv:torch==2.13.0 --new venv:torch==2.14.1   # upgrade gate
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def suites() -> list[str]:
 def run_suite(name: str, artifacts: str, extra: list[str]) -> int:
     import pytest
 
-    path = _suites_dir() / f"{name}.py"
+    path = Path(name).resolve() if name.endswith(".py") else _suites_dir() / f"{name}.py"
     if not path.exists():
         print(f"pytest-reshard: no suite {name!r}; bundled suites: {', '.join(suites())}",
               file=sys.stderr)
@@ -60,10 +61,15 @@ def replay(scenario_path: str, artifacts: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pytest-reshard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", help=f"a suite ({', '.join(suites())}) or 'replay'")
+    parser.add_argument("command", help=f"a suite ({', '.join(suites())}), 'replay', or "
+                        "'gate' (see pytest-reshard gate --help)")
     parser.add_argument("target", nargs="?", help="for replay: a scenario.json or its folder")
     parser.add_argument("--artifacts", default="reshard-artifacts", help="artifacts folder")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gate"]:  # its own options: pytest-reshard gate --help
+        from .upgrade_gate import main as gate_main
+
+        return gate_main(argv[1:])
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")

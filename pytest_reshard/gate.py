@@ -124,7 +124,8 @@ def metrics(history: Any) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     """What the numbers were measured on (the stack an upgrade changes)."""
-    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform()}
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "executable": sys.executable}
     torch = sys.modules.get("torch")
     if torch is None:
         try:
@@ -261,7 +262,8 @@ def _delta(field: str, old: float, new: float) -> str:
     return f"{sign}{_fmt(field, abs(new - old))}, {pct}"
 
 
-_ENV_KEYS = ("torch", "cuda", "cudnn", "nccl", "driver", "gpu", "python", "platform")
+_ENV_KEYS = ("torch", "cuda", "cudnn", "nccl", "driver", "gpu", "python", "executable",
+             "platform")
 
 
 def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
@@ -273,9 +275,9 @@ def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
     """
     rows: list[tuple[str, ...]] = [("", *labels, "change", "verdict")]
     envs = old.get("environment", {}), new.get("environment", {})
-    for key in (*_ENV_KEYS, *sorted(set(envs[0]) | set(envs[1]) - set(_ENV_KEYS))):
+    for key in (*_ENV_KEYS, *sorted((set(envs[0]) | set(envs[1])) - set(_ENV_KEYS))):
         a, b = (str(e.get(key, "-")) for e in envs)
-        if a != "-" or b != "-":
+        if (a != "-" or b != "-") and (a != b or key != "platform"):
             rows.append((key, a, b, "changed" if a != b else "", ""))
     changes: list[Change] = []
     missing: list[str] = []

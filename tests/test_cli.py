@@ -11,9 +11,10 @@ def run_cli(*args, cwd):
 
 
 def test_bundled_suites_are_listed_and_collect(tmp_path):
-    assert {"catalog", "dflash", "nightly", "smoke"} <= set(cli.suites())
+    assert {"catalog", "dflash", "nightly", "smoke", "upgrade"} <= set(cli.suites())
     for suite, tests in (("smoke", ["test_lm_survives[", "test_dflash_survives["]),
-                         ("catalog", ["test_lm_survives["]), ("dflash", ["test_dflash_survives["])):
+                         ("catalog", ["test_lm_survives["]), ("dflash", ["test_dflash_survives["]),
+                         ("upgrade", ["test_lm_upgrade["])):
         out = run_cli(suite, "--", "--collect-only", "-q", cwd=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         assert all(t in out.stdout for t in tests), out.stdout
@@ -21,7 +22,7 @@ def test_bundled_suites_are_listed_and_collect(tmp_path):
 
 def test_unknown_suite_and_missing_replay_say_what_to_do(tmp_path):
     out = run_cli("nosuch", cwd=tmp_path)
-    assert out.returncode == 2 and "bundled suites: catalog, dflash, nightly, smoke" in out.stderr
+    assert out.returncode == 2 and "bundled suites: catalog, dflash, nightly, smoke, upgrade" in out.stderr
     out = run_cli("replay", str(tmp_path / "nothing.json"), cwd=tmp_path)
     assert out.returncode == 2 and "pass a scenario.json" in out.stderr
 
