@@ -29,6 +29,7 @@ from typing import Any
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
     "peak_mem": ("bytes", "peak RSS of the biggest rank"),
+    "device_mem": ("bytes", "peak device memory of the biggest rank (as the workload reports it)"),
     "step_time": ("s", "median step time (rank 0)"),
     "throughput": ("samples/s", "samples per second"),
     "relaunch": ("s", "median relaunch to the next generation's first step"),
@@ -82,10 +83,9 @@ def metrics(history: Any) -> dict[str, Any]:
     """The gate's numbers for one run, from its history alone."""
     events = history.events
     peaks = [e["peak_bytes"] for e in events if e["ev"] == "rss"]
-    by_rank: dict[str, int] = {}  # rank -> its peak over every generation
-    for e in events:
-        if e["ev"] == "rss":
-            by_rank[str(e["rank"])] = max(by_rank.get(str(e["rank"]), 0), int(e["peak_bytes"]))
+    memory = history.memory()  # rank -> its peaks over every generation
+    by_rank = {str(r): m.peak_bytes for r, m in memory.items() if m.peak_bytes is not None}
+    device = [m.device_peak_bytes for m in memory.values() if m.device_peak_bytes is not None]
     budget = next((e.get("memory_budget_bytes") for e in events if e["ev"] == "scenario"), None)
     begins: dict[tuple[int, int], float] = {}
     steps: list[float] = []
@@ -112,6 +112,7 @@ def metrics(history: Any) -> dict[str, Any]:
     return {
         "peak_mem": max(peaks) if peaks else None,
         "peak_mem_by_rank": by_rank,
+        "device_mem": max(device) if device else None,
         "memory_budget": budget,
         "step_time": step_time,
         "throughput": (samples / len(kept)) / step_time if kept and step_time else None,

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 __all__ = [
     "History", "HistoryError", "Scenario", "Generation", "Occurrence", "Checkpoint",
-    "FaultFired", "Detection", "Torn", "SUPERVISOR_FILE",
+    "FaultFired", "Detection", "Torn", "SUPERVISOR_FILE", "RankMemory",
 ]
 
 SUPERVISOR_FILE = "supervisor.jsonl"
@@ -142,6 +142,29 @@ class Detection:
     latency_s: float | None
     expected: bool
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One rank's memory over the whole run: its highest peak RSS (the supervisor samples VmHWM
+    of every generation's process), the per-rank budget, and the device peak and size the
+    workload reported (``run.memory(peak, budget_bytes=device total)``; CUDA on GPU)."""
+
+    rank: int
+    peak_bytes: int | None
+    budget_bytes: int | None
+    device_peak_bytes: int | None = None
+    device_total_bytes: int | None = None
+
+    @property
+    def headroom_bytes(self) -> int | None:
+        return None if self.peak_bytes is None or not self.budget_bytes \
+            else self.budget_bytes - self.peak_bytes
+
+    @property
+    def device_headroom_bytes(self) -> int | None:
+        return None if self.device_peak_bytes is None or not self.device_total_bytes \
+            else self.device_total_bytes - self.device_peak_bytes
 
 
 @dataclass
@@ -426,6 +449,23 @@ class History:
                            expected=dict(e["expected"]) if e.get("expected") else None,
                            t=float(e.get("t", 0.0)), index=i)
                 for i, e in self._ranked if e["ev"] == ev]
+
+    def memory(self) -> dict[int, RankMemory]:
+        """Per rank: peak memory and headroom to the budget, over every generation."""
+        peaks: dict[int, dict[str, Any]] = {}
+        budget = next((e.get("memory_budget_bytes") for e in self.events if e["ev"] == "scenario"),
+                      None)
+        for e in self.events:
+            if e["ev"] == "rss":
+                m = peaks.setdefault(int(e["rank"]), {})
+                m["peak"] = max(m.get("peak", 0), int(e["peak_bytes"]))
+        for e in self.rank_events("memory"):
+            m = peaks.setdefault(int(e["rank"]), {})
+            m["device"] = max(m.get("device", 0), int(e["peak"]))
+            if e.get("budget"):
+                m["total"] = int(e["budget"])
+        return {r: RankMemory(r, m.get("peak"), budget, m.get("device"), m.get("total"))
+                for r, m in sorted(peaks.items())}
 
     def faults_fired(self) -> list[FaultFired]:
         return [FaultFired(gen=int(e["gen"]), rank=int(e["rank"]), step=int(e["step"]),

@@ -157,6 +157,9 @@ class Session:
                 min_fraction=scenario.min_throughput)
         if scenario.memory_budget_bytes:
             verdicts["memory_headroom"] = checkers.memory_headroom(history)
+        if scenario.backend == "nccl" or any(e.get("what") == "allocator"
+                                             for e in history.rank_events("note")):
+            verdicts["allocator_fragmentation"] = checkers.allocator_fragmentation(history)
         return verdicts
 
 

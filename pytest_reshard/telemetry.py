@@ -1,4 +1,20 @@
-"""Device health for a workload's health monitor: ECC counters, retired pages, Xid events.
+"""Device telemetry for a rank: one sample of memory, utilisation, clocks and health, on GPU or CPU;
+and device health for a workload's health monitor: ECC counters, retired pages, Xid events.
+
+    from pytest_reshard import telemetry
+
+    s = telemetry.sample()          # this rank's device: NVML on a GPU, this process on CPU
+    s.source                        # "nvml" or "cpu" (and s.note says why not NVML)
+    s.memory_used, s.memory_total   # bytes: the GPU's memory, or this process's RSS and the host's RAM
+    s.headroom                      # memory_total - memory_used
+    s.utilization, s.clocks         # GPU busy %, {"sm": MHz, "memory": MHz, "graphics": MHz}; None/{} on CPU
+    s.cpu_time, s.memory_peak       # this process's CPU seconds and peak RSS (both sources)
+    s.health                        # a HealthSnapshot (ECC counters, retired pages, Xids)
+
+A field a source cannot read is None, never a 0 standing in for "unknown". On CUDA,
+``allocator_fragmentation()`` reads the caching allocator (1 - largest free block / total free,
+seed 000's measure) and ``record_allocator(run)`` puts it in the history for the
+``allocator_fragmentation`` checker; on CPU there is no caching allocator and both return None.
 
     from pytest_reshard import telemetry
 
@@ -58,6 +74,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -66,7 +83,8 @@ from typing import Any, Mapping, Sequence
 
 __all__ = [
     "HealthSnapshot", "HealthError", "DeviceHealth", "inject_ecc", "injected_path", "changes",
-    "fatal", "is_ecc_error", "XID", "FATAL_XIDS", "ECC_ERROR_TEXT",
+    "fatal", "is_ecc_error", "XID", "FATAL_XIDS", "ECC_ERROR_TEXT", "Sample", "Telemetry",
+    "sample", "allocator_fragmentation", "record_allocator",
 ]
 
 ENV_DIR = "RESHARD_DIR"
@@ -262,6 +280,21 @@ class _Nvml:
             self.unsupported[name] = str(e)
             return None
 
+    def usage(self) -> tuple[int | None, int | None, float | None, dict[str, int]]:
+        """(memory used, memory total, GPU utilisation %, clocks in MHz); None where refused."""
+        nv = self.nv
+        mem = self._query("memory info", nv.nvmlDeviceGetMemoryInfo)
+        util = self._query("utilization", nv.nvmlDeviceGetUtilizationRates)
+        clocks = {}
+        for name, kind in (("sm", "NVML_CLOCK_SM"), ("memory", "NVML_CLOCK_MEM"),
+                           ("graphics", "NVML_CLOCK_GRAPHICS")):
+            mhz = self._query(f"{name} clock", nv.nvmlDeviceGetClockInfo, getattr(nv, kind))
+            if mhz is not None:
+                clocks[name] = int(mhz)
+        return (int(mem.used) if mem is not None else None,
+                int(mem.total) if mem is not None else None,
+                float(util.gpu) if util is not None else None, clocks)
+
     def read(self) -> HealthSnapshot:
         nv = self.nv
         dbe = self._query("volatile DBE", nv.nvmlDeviceGetTotalEccErrors,
@@ -413,3 +446,135 @@ def fatal(errors: Sequence[HealthError]) -> list[HealthError]:
     """The fatal ones of ``errors``."""
     return [e for e in errors if getattr(e, "fatal", False)]
 
+
+
+# -- one sample of a rank's device: NVML on a GPU, this process on CPU ---------------------------
+@dataclass(frozen=True)
+class Sample:
+    """One reading of a rank's device. ``source`` is "nvml" (the GPU) or "cpu" (this process and
+    the host: RSS, CPU time); a field the source cannot read is None."""
+
+    source: str
+    device: str
+    memory_used: int | None       # bytes: GPU memory used | this process's RSS
+    memory_total: int | None      # bytes: GPU memory | the host's physical memory
+    memory_peak: int | None       # bytes: this process's peak RSS (VmHWM), both sources
+    cpu_time: float | None        # seconds of CPU this process used (user + system)
+    utilization: float | None     # GPU busy %, NVML only
+    clocks: Mapping[str, int]     # MHz by clock (sm, memory, graphics), NVML only
+    health: HealthSnapshot        # ECC counters, retired pages, Xid events (NVML + injected)
+    note: str = ""                # why the source is not NVML, or the queries the GPU refused
+
+    @property
+    def headroom(self) -> int | None:
+        """Bytes left before the device (or the host) is full."""
+        if self.memory_used is None or self.memory_total is None:
+            return None
+        return self.memory_total - self.memory_used
+
+    def as_event(self) -> dict[str, Any]:
+        """Flat, JSON-ready fields for ``run.note("telemetry", **sample.as_event())``."""
+        return {"source": self.source, "device": self.device, "memory_used": self.memory_used,
+                "memory_total": self.memory_total, "memory_peak": self.memory_peak,
+                "cpu_time": self.cpu_time, "utilization": self.utilization,
+                "clocks": dict(self.clocks), "ecc_dbe": self.health.ecc_dbe_volatile,
+                "ecc_sbe": self.health.ecc_sbe_volatile,
+                "retired_pages": self.health.retired_pages_dbe + self.health.retired_pages_sbe,
+                "xids": list(self.health.xid_events), "note": self.note}
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class Telemetry:
+    """Samples of one rank's device through one interface (see ``Sample``). Close it."""
+
+    def __init__(self, health: DeviceHealth) -> None:
+        self.health = health
+
+    @classmethod
+    def for_this_rank(cls, env: Mapping[str, str] | None = None, *,
+                      use_nvml: bool = True) -> "Telemetry":
+        return cls(DeviceHealth.for_this_rank(env, use_nvml=use_nvml))
+
+    def sample(self) -> Sample:
+        snap = self.health.poll()
+        times = os.times()
+        common = {"device": self.health.label, "memory_peak": _proc_status_bytes("VmHWM"),
+                  "cpu_time": round(times.user + times.system, 3), "health": snap}
+        nvml = self.health._nvml
+        if nvml is not None:
+            used, total, util, clocks = nvml.usage()
+            refused = "; ".join(f"{q}: {why}" for q, why in sorted(nvml.unsupported.items()))
+            return Sample("nvml", memory_used=used, memory_total=total, utilization=util,
+                          clocks=clocks, note=f"refused: {refused}" if refused else "", **common)
+        return Sample("cpu", memory_used=_proc_status_bytes("VmRSS"), memory_total=_host_memory(),
+                      utilization=None, clocks={}, note=f"no GPU reading: "
+                      f"{self.health.nvml_error}", **common)
+
+    def close(self) -> None:
+        self.health.close()
+
+    def __enter__(self) -> "Telemetry":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def sample(device: str | None = None, *, use_nvml: bool = True) -> Sample:
+    """One sample of ``device`` (an NVML index or UUID; default: this rank's, via LOCAL_RANK)."""
+    health = DeviceHealth.for_this_rank(use_nvml=use_nvml) if device is None else \
+        DeviceHealth(device=device, use_nvml=use_nvml)
+    with Telemetry(health) as t:
+        return t.sample()
+
+
+# -- the CUDA caching allocator ------------------------------------------------------------------
+#: Above this, a large allocation may fail although enough memory is free (seed 000).
+FRAGMENTATION_ALERT = 0.30
+
+
+def fragmentation_of(segments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """1 - largest free block / total free, over the blocks of ``torch.cuda.memory_snapshot()``
+    segments (a block whose ``state`` is ``inactive`` is free inside memory the allocator holds)."""
+    free = [int(b["size"]) for seg in segments for b in seg.get("blocks", ())
+            if b.get("state") == "inactive"]
+    total, largest = sum(free), max(free, default=0)
+    reserved = sum(int(seg.get("total_size", 0)) for seg in segments)
+    return {"fragmentation": round(1 - largest / total, 4) if total else 0.0,
+            "largest_free": largest, "total_free": total, "reserved": reserved,
+            "free_blocks": len(free)}
+
+
+def allocator_fragmentation(device: Any = None) -> dict[str, Any] | None:
+    """The CUDA caching allocator's fragmentation on ``device``; None without CUDA in use."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    index = torch.cuda.current_device() if device is None else torch.device(device).index
+    segments = [seg for seg in torch.cuda.memory_snapshot() if seg.get("device") == index]
+    return {"device": index, **fragmentation_of(segments)}
+
+
+def record_allocator(run: Any, step: int | None = None, device: Any = None) -> dict[str, Any] | None:
+    """Record the allocator's fragmentation in the history (``run.note("allocator", ...)``) for
+    the ``allocator_fragmentation`` checker; nothing on CPU, where there is no such allocator."""
+    stats = allocator_fragmentation(device)
+    if stats is not None and getattr(run, "active", False):
+        run.note("allocator", step=step, **stats)
+    return stats

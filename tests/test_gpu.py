@@ -25,3 +25,19 @@ def test_dflash_on_a_gpu_survives_a_target_kill(reshard_run):
     result = reshard_run("dflash", world_size=4, roles={"target": 3, "drafter": 1},
                          faults=[chaos.kill(role="target", at_step=4, phase="send")])
     result.assert_ok()
+
+
+@pytest.mark.gpu(1)
+def test_allocator_fragmentation_reads_the_real_caching_allocator():
+    """Free every other 4 MB block: the free memory is split, so 1 - largest / total > 0."""
+    import torch
+
+    from pytest_reshard import telemetry
+
+    blocks = [torch.empty(4 * 2**20, dtype=torch.uint8, device="cuda") for _ in range(20)]
+    del blocks[::2]
+    f = telemetry.allocator_fragmentation()
+    assert f is not None and f["total_free"] >= 10 * 4 * 2**20
+    assert f["largest_free"] < f["total_free"] and 0 < f["fragmentation"] < 1
+    s = telemetry.sample()
+    assert s.source == "nvml" and s.memory_total and s.memory_used, s.note

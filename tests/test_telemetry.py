@@ -104,6 +104,21 @@ class FakeNvml(types.ModuleType):
     def nvmlEventSetFree(self, events):
         pass
 
+    NVML_CLOCK_GRAPHICS, NVML_CLOCK_SM, NVML_CLOCK_MEM = 0, 1, 2
+    memory = types.SimpleNamespace(total=80 * 2**30, used=30 * 2**30, free=50 * 2**30)
+    busy: int | None = 87
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.memory
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        if self.busy is None:
+            raise self.NVMLError_NotSupported("Not Supported")
+        return types.SimpleNamespace(gpu=self.busy, memory=40)
+
+    def nvmlDeviceGetClockInfo(self, h, kind):
+        return {0: 1755, 1: 1980, 2: 2619}[kind]
+
 
 @pytest.fixture
 def nvml(monkeypatch):
@@ -256,3 +271,62 @@ def test_the_rank_device_is_mapped_through_cuda_visible_devices(nvml):
     assert nvml.handles == ["GPU-bbb"] and health.label == "1"
     DeviceHealth.for_this_rank({"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "3,5"})
     assert nvml.handles[-1] == "index:3"
+
+
+# -- one sample through one interface ------------------------------------------------------------
+def test_a_sample_over_nvml_has_memory_utilisation_clocks_and_health(tmp_path, nvml):
+    nvml.dbe, nvml.pending_xids = 1, [48]
+    with telemetry.Telemetry.for_this_rank(harness_env(tmp_path, rank=0)) as t:
+        s = t.sample()
+    assert s.source == "nvml" and s.device == "0" and s.note == ""
+    assert (s.memory_used, s.memory_total, s.headroom) == (30 * 2**30, 80 * 2**30, 50 * 2**30)
+    assert s.utilization == 87 and s.clocks == {"sm": 1980, "memory": 2619, "graphics": 1755}
+    assert s.health.ecc_dbe_volatile == 1 and s.health.xid_events == (48,)
+    assert s.memory_peak and s.cpu_time is not None
+    assert json.loads(json.dumps(s.as_event()))["xids"] == [48]
+
+
+def test_a_query_the_gpu_refuses_reads_none_and_says_so(nvml):
+    nvml.busy = None
+    s = telemetry.sample("0")
+    assert s.source == "nvml" and s.utilization is None and s.memory_used == 30 * 2**30
+    assert "utilization: Not Supported" in s.note
+
+
+def test_without_a_gpu_the_same_interface_reads_this_process(no_nvml):
+    """The CPU fallback is real: RSS grows by what this process touches."""
+    before = telemetry.sample()
+    ballast = bytearray(64 * 2**20)
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))
+    after = telemetry.sample()
+    assert after.source == "cpu" and "pynvml is not installed" in after.note
+    assert after.memory_used - before.memory_used >= 60 * 2**20
+    assert after.memory_peak >= after.memory_used and after.memory_total > after.memory_used
+    assert after.cpu_time > 0 and after.utilization is None and after.clocks == {}
+    assert after.headroom == after.memory_total - after.memory_used
+    del ballast
+
+
+def test_fragmentation_is_one_minus_largest_free_block_over_total_free():
+    mb = 2**20
+    segments = [
+        {"device": 0, "total_size": 64 * mb, "blocks": [
+            {"size": 20 * mb, "state": "active_allocated"}, {"size": 20 * mb, "state": "inactive"},
+            {"size": 24 * mb, "state": "active_allocated"}]},
+        {"device": 0, "total_size": 32 * mb, "blocks": [
+            {"size": 10 * mb, "state": "inactive"}, {"size": 12 * mb, "state": "active_pending_free"},
+            {"size": 10 * mb, "state": "inactive"}]},
+    ]
+    f = telemetry.fragmentation_of(segments)
+    assert f["fragmentation"] == 0.5 and f["largest_free"] == 20 * mb and f["total_free"] == 40 * mb
+    assert f["reserved"] == 96 * mb and f["free_blocks"] == 3
+    assert telemetry.fragmentation_of([])["fragmentation"] == 0.0   # nothing free: nothing split
+
+
+def test_on_cpu_there_is_no_allocator_to_read(tmp_path):
+    import torch  # noqa: F401  (imported, yet no CUDA in use)
+
+    run = fake_run(tmp_path)
+    run.note = lambda *a, **k: pytest.fail("nothing may be recorded on CPU")
+    assert telemetry.allocator_fragmentation() is None
+    assert telemetry.record_allocator(run, step=3) is None
