@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import re
 import statistics
@@ -85,7 +86,8 @@ def metrics(history: Any) -> dict[str, Any]:
     peaks = [e["peak_bytes"] for e in events if e["ev"] == "rss"]
     memory = history.memory()  # rank -> its peaks over every generation
     by_rank = {str(r): m.peak_bytes for r, m in memory.items() if m.peak_bytes is not None}
-    device = [m.device_peak_bytes for m in memory.values() if m.device_peak_bytes is not None]
+    device = [m.device_peak_bytes for m in memory.values()   # reported against a device's size
+              if m.device_peak_bytes is not None and m.device_total_bytes]
     budget = next((e.get("memory_budget_bytes") for e in events if e["ev"] == "scenario"), None)
     begins: dict[tuple[int, int], float] = {}
     steps: list[float] = []
@@ -267,6 +269,14 @@ _ENV_KEYS = ("torch", "cuda", "cudnn", "nccl", "driver", "gpu", "python", "execu
              "platform")
 
 
+def _short(value: str) -> str:
+    """A path under the working directory, relative to it (the table stays readable)."""
+    if value.startswith("/"):
+        rel = os.path.relpath(value)
+        return rel if not rel.startswith("..") else value
+    return value
+
+
 def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
                labels: tuple[str, str] = ("old", "new")) -> tuple[list[str], list[Change], list[str]]:
     """Two saved baselines side by side: (table lines, changes, scenarios missing from one run).
@@ -277,7 +287,7 @@ def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
     rows: list[tuple[str, ...]] = [("", *labels, "change", "verdict")]
     envs = old.get("environment", {}), new.get("environment", {})
     for key in (*_ENV_KEYS, *sorted((set(envs[0]) | set(envs[1])) - set(_ENV_KEYS))):
-        a, b = (str(e.get(key, "-")) for e in envs)
+        a, b = (_short(str(e.get(key, "-"))) for e in envs)
         if (a != "-" or b != "-") and (a != b or key != "platform"):
             rows.append((key, a, b, "changed" if a != b else "", ""))
     changes: list[Change] = []
