@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pytest_reshard.schedule import Fault, ScheduleError
 
 __all__ = ["crash_silently", "drain", "ecc_error", "hang", "kill", "kill_during_save",
-           "memory_pressure", "preempt", "rebalance", "shift_shards", "slow_rank", "Fault"]
+           "kill_node", "memory_pressure", "preempt", "rebalance", "shift_shards", "slow_rank", "Fault"]
 
 
 def _target(rank: int | None, role: str | None, target: str | None, default: str) -> str:
@@ -51,6 +51,19 @@ def kill(*, at_step: int, phase: str = "backward", rank: int | None = None,
     """
     params = {} if then_world_size is None else {"then_world_size": int(then_world_size)}
     return Fault("kill", _target(rank, role, target, "one"), at_step, phase, params)
+
+
+def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
+    """The node that hosts ``rank`` dies at the fault point: its torchrun agent and every rank
+    on it, at once (needs ``launcher="elastic"`` with ``nodes >= 2``).
+
+    Layer: real SIGKILLs of the agent and its workers, raised by the rank itself so the timing is
+    exact. The surviving agents see their workers fail, meet again at the c10d rendezvous without
+    the dead node and restart the workers at the smaller world size, all torch's own elastic
+    machinery; the workload must reshard on load within its rewind budget. Does not prove a
+    silent partition (packets dropped, no connection reset) or a node rejoining.
+    """
+    return Fault("kill_node", _target(rank, None, None, "one"), at_step, phase, {})
 
 
 def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,

@@ -431,7 +431,7 @@ def _gather_rows(state: dict[str, Any], names: list[str], world: int,
         if flat.numel():
             dist.recv(flat, src=r)
         offset = 0
-        for (n, shape, dtype), size in zip(shapes, sizes):
+        for (n, shape, dtype), size in zip(shapes, sizes, strict=True):
             piece = flat[offset:offset + size]
             if offset % 8:  # a view as a wider dtype needs an aligned start
                 piece = piece.clone()

@@ -37,7 +37,7 @@ _STEP_EVENTS = frozenset({"begin", "point", "end", "record", "error", "fault", "
                           "ckpt_load", "resumed"})
 #: Supervisor events (``supervisor.jsonl``); ``detect`` names a rank, the others none.
 _SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired", "abort",
-                                "rss"})
+                                "rss", "nodes"})
 
 Event = Mapping[str, Any]
 

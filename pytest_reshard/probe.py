@@ -49,6 +49,8 @@ __all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
 ENV_DIR = "RESHARD_DIR"
 ENV_GENERATION = "RESHARD_GENERATION"
 ENV_SUPERVISOR_PID = "RESHARD_SUPERVISOR_PID"
+ENV_ELASTIC = "RESHARD_ELASTIC"  # set by the elastic launcher: torchrun agents restart the ranks
+PLAN_WAIT_S = 60.0
 HEARTBEAT_S = 0.1
 # Exit code of a rank that ends itself because its supervisor vanished.
 ORPHAN_EXIT = 70
@@ -155,7 +157,7 @@ class Run:
         self.active = ENV_DIR in env
         self.rank = int(env.get("RANK", 0))
         self.world_size = int(env.get("WORLD_SIZE", 1))
-        self.generation = int(env.get(ENV_GENERATION, 0))
+        self.generation = generation_of(env)
         self.workdir: Path | None = None
         self.seed = 0
         self.role = role or "trainer"
@@ -171,7 +173,7 @@ class Run:
             return
         root = Path(env[ENV_DIR])
         self.workdir = root / "work"
-        plan = json.loads((root / f"plan-g{self.generation}.json").read_text())
+        plan = _read_plan(root / f"plan-g{self.generation}.json", elastic=env.get(ENV_ELASTIC) == "1")
         self.seed = int(plan["seed"])
         self.roles = tuple(plan["roles"])
         self.role = role or self.roles[self.rank]
@@ -391,11 +393,42 @@ def _memory_pressure(run: Run, fault: Mapping[str, Any]) -> None:
     run._ballast.append(ballast)
 
 
-_EXECUTORS = {"kill": _kill, "preempt": _preempt, "shift_shards": _shift_shards, "hang": _hang,
+def _kill_node(run: Run, fault: Mapping[str, Any]) -> None:
+    if os.environ.get(ENV_ELASTIC) != "1":
+        raise InjectedFault("kill_node needs ranks under elastic agents (launcher='elastic')")
+    from .elastic import kill_node
+
+    kill_node()  # the agent, its other workers, then this rank: the whole node at once
+
+
+_EXECUTORS = {"kill": _kill, "kill_node": _kill_node, "preempt": _preempt,
+              "shift_shards": _shift_shards, "hang": _hang,
               "rebalance": _shift_shards, "ecc_error": _ecc_error, "crash_silently": _crash_silently,
               "slow_rank": _slow_rank, "memory_pressure": _memory_pressure}
 
 _RUN: Run | None = None
+
+
+def generation_of(env: Mapping[str, str]) -> int:
+    """The generation a rank belongs to: the launcher's, plus torch's restart count when elastic
+    agents restart the ranks on their own (each restart is a new rendezvous round)."""
+    gen = int(env.get(ENV_GENERATION, 0))
+    if env.get(ENV_ELASTIC) == "1":
+        gen += int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
+    return gen
+
+
+def _read_plan(path: Path, *, elastic: bool) -> dict[str, Any]:
+    """The generation's plan. An elastic restart can start its ranks before the supervisor has
+    seen the previous generation end and written this plan: wait for it (bounded)."""
+    deadline = time.monotonic() + (PLAN_WAIT_S if elastic else 0.0)
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def attach(*, max_rewind_steps: int | None = None, role: str | None = None) -> Run:
@@ -406,7 +439,7 @@ def attach(*, max_rewind_steps: int | None = None, role: str | None = None) -> R
     preemptions must always cost zero.
     """
     global _RUN
-    if _RUN is None or _RUN.generation != int(os.environ.get(ENV_GENERATION, 0)) or \
+    if _RUN is None or _RUN.generation != generation_of(os.environ) or \
             _RUN.rank != int(os.environ.get("RANK", 0)):
         _RUN = Run(max_rewind_steps=max_rewind_steps, role=role)
     return _RUN

@@ -83,7 +83,9 @@ class Session:
         clean = Scenario(workload=scenario.workload, world_size=len(roles), steps=scenario.steps,
                          schedule=Schedule(scenario.schedule.seed), args=list(scenario.args),
                          timeout_s=scenario.timeout_s, backend=scenario.backend,
-                         launcher=scenario.launcher, roles=list(roles))
+                         # a clean run needs no agents: elastic scenarios compare with fork runs
+                         launcher="fork" if scenario.launcher == "elastic" else scenario.launcher,
+                         roles=list(roles))
         shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         if key not in self._references:
@@ -195,6 +197,18 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
 
 
+def _check_nodes(schedule: Schedule, world_size: int, options: dict[str, Any]) -> None:
+    """Multi-node settings that cannot work, rejected before any agent starts."""
+    nodes = int(options.get("nodes", 1))
+    if options.get("launcher") == "elastic" and (nodes < 1 or world_size % nodes):
+        raise ValueError(f"launcher='elastic': world_size {world_size} must split evenly into "
+                         f"nodes={nodes} (each node runs world_size / nodes ranks)")
+    if any(f.kind == "kill_node" for f in schedule.faults) and \
+            (options.get("launcher") != "elastic" or nodes < 2):
+        raise ValueError("kill_node needs launcher='elastic' and nodes >= 2: a node is one "
+                         "torchrun agent, and one must survive")
+
+
 def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequence[Fault] = (),
                   seed: int = 0, **options: Any) -> Scenario:
     """Build a Scenario, rejecting bad input with messages that say what to change."""
@@ -214,6 +228,7 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
     if not options.get("phases") and workload in BUNDLED_PHASES:
         options["phases"] = list(BUNDLED_PHASES[workload])
     validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or ())
+    _check_nodes(schedule, world_size, options)
     return Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
                     **options)
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 STANDARD_PHASES = ("begin", "data", "forward", "backward", "optimizer", "checkpoint",
                    "checkpoint_commit", "end")
 #: Faults after which the targeted ranks do not go on with the generation.
-TERMINAL = ("kill", "crash_silently", "hang", "preempt", "shift_shards", "rebalance")
+TERMINAL = ("kill", "kill_node", "crash_silently", "hang", "preempt", "shift_shards", "rebalance")
 
 _SELECTORS = ("all", "one", "minority")
 

@@ -32,7 +32,7 @@ from .schedule import Schedule, resolve_target
 POLL_S = 0.02
 PLANNED = {"shift_shards": "reshard", "rebalance": "rebalance", "preempt": "preempt",
            "drain": "drain"}
-DEATHS = ("kill", "crash_silently", "ecc_error")  # faults whose victim may die unplanned
+DEATHS = ("kill", "kill_node", "crash_silently", "ecc_error")  # faults whose victim may die unplanned
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Scenario:
     args: list[str] = field(default_factory=list)
     timeout_s: float = 120.0
     backend: str = "gloo"
-    launcher: str = "fork"         # fork | local | torchrun
+    launcher: str = "fork"         # fork | local | torchrun | elastic
     roles: list[str] | None = None  # role of each rank; default: default_roles(workload, ...)
     hang_s: float = 1.0            # heartbeat silence of a stopped rank (10x if the kernel disagrees)
     stall_s: float = 10.0          # no progress from any rank this long means a stall
@@ -56,6 +56,9 @@ class Scenario:
     min_throughput: float | None = None  # fail a generation below this share of a clean run's tokens/s
     phases: list[str] | None = None  # fault points the workload marks beyond STANDARD_PHASES
     max_generations: int = 12
+    nodes: int = 1                 # elastic: torchrun agents, one per node (world_size / nodes ranks each)
+    min_nodes: int = 1             # elastic: the rendezvous goes on down to this many nodes
+    network: str = "auto"          # elastic: netns (a namespace and address per node), loopback, auto
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -213,7 +216,8 @@ class Supervisor:
         self._sup = open(self.events_dir / "supervisor.jsonl", "a")
         self.argv, preload = workload_argv(scenario)
         self._own_launcher = launcher is None
-        self.launcher = launcher or make_launcher(scenario.launcher, preload, self.tail)
+        self.launcher = launcher or make_launcher(scenario.launcher, preload, self.tail,
+                                                  scenario=scenario, note=self._note)
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
         self._live: Generation | None = None
@@ -269,6 +273,12 @@ class Supervisor:
         if not self._sup.closed:
             self._sup.close()
 
+    def _note(self, what: str, fields: dict[str, Any]) -> None:
+        """A launcher's note for the record (the elastic launcher's network, for one)."""
+        self.record(what, **fields)
+        if fields.get("note"):
+            self._progress(f"{what}: {fields['note']}")
+
     def _plan(self, gen: int, world_size: int, roles: list[str]) -> None:
         sc = self.scenario
         faults = []
@@ -308,17 +318,29 @@ class Supervisor:
         launched = time.monotonic()
         # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
         # that is already listening instead of racing rank 0 for it (a 2 s retry back-off).
-        store = None if sc.launcher == "torchrun" else _store(world_size)
+        store = None if sc.launcher in ("torchrun", "elastic") else _store(world_size)
         port = store.port if store is not None else free_port()
+        restart = self._live is not None  # elastic agents restart the ranks: watch, don't launch
         self.record("gen_start", gen=gen, world_size=world_size, roles=roles,
-                    launcher=sc.launcher, port=port)
-        self._live = self.launcher.launch(self._specs(gen, world_size, roles, port, store is not None))
+                    launcher=sc.launcher, port=port, **({"by": "elastic agents"} if restart else {}))
+        if restart:
+            self._live = self._live.advance(gen, world_size)
+        else:
+            self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
+                                                          store is not None))
         watch = _Watch(self, gen, world_size, launched, deadline)
+        outcome = None
         try:
-            return watch.run()
+            outcome = watch.run()
+            if outcome.next_world_size is not None and getattr(self._live, "restarting", bool)():
+                # The surviving agents re-form the world: its size is theirs, not the fault's.
+                outcome.next_world_size = self._live.next_world_size()
+            return outcome
         finally:
-            self._live.kill()
-            self._live = None
+            if outcome is None or outcome.next_world_size is None or \
+                    not getattr(self._live, "restarting", bool)():
+                self._live.kill()
+                self._live = None
             del store
             for rank, peak in sorted(watch.peaks.items()):
                 self.record("rss", gen=gen, rank=rank, peak_bytes=peak,
@@ -354,14 +376,22 @@ def rebalanced(world_size: int, fraction: float, seed: str) -> list[int]:
     return device_map
 
 
-def make_launcher(name: str, preload: Sequence[str], tail: EventTail) -> Any:
+def make_launcher(name: str, preload: Sequence[str], tail: EventTail, *,
+                  scenario: Scenario | None = None,
+                  note: Callable[[str, dict[str, Any]], None] | None = None) -> Any:
+    if name == "elastic":
+        from .elastic import ElasticLauncher
+
+        sc = scenario or Scenario(workload="", world_size=1, steps=1)
+        return ElasticLauncher(sc.nodes, tail.pids, tail.clean_exit, min_nodes=sc.min_nodes,
+                               network=sc.network, note=note)
     if name == "fork":
         return ForkLauncher(preload)
     if name == "local":
         return LocalLauncher()
     if name == "torchrun":
         return TorchrunLauncher(tail.pids, tail.clean_exit)
-    raise ValueError(f"unknown launcher {name!r}: use 'fork', 'local' or 'torchrun'")
+    raise ValueError(f"unknown launcher {name!r}: use 'fork', 'local', 'torchrun' or 'elastic'")
 
 
 class _Watch:
