@@ -380,6 +380,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if summary:  # GitHub Actions shows this file on the run's page
         with open(summary, "a") as f:
             f.write(markdown_summary(rows))
+            if changes:  # the regression gate's comparison, on the same page
+                f.write(f"### against baseline `{state.settings['reshard_compare']}`\n\n"
+                        + "".join(f"- {'**REGRESSED** ' if regressed else ''}{text}\n"
+                                  for regressed, text in changes) + "\n")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

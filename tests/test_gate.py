@@ -61,12 +61,17 @@ def test_seed_001_extra_memory_fails_the_gate(pytester):
     assert (pytester.path / ".reshard-baselines" / "before.json").exists()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EXTRA_MB", "200")
+        mp.setenv("GITHUB_STEP_SUMMARY", str(pytester.path / "summary.md"))
         after = pytester.runpytest_subprocess("--reshard-compare=before",
                                               "--reshard-compare-fail=peak_mem:+150MB")
     after.assert_outcomes(failed=1)
     after.stdout.fnmatch_lines(["*regressed against baseline 'before'*",
                                 ("*rank 1 headroom fell from * MB to * MB (-* MB, -*%) under its "
                                  "1024 MB budget, beyond peak_mem:+150MB*")])
+    summary = (pytester.path / "summary.md").read_text()  # the upgrade-gate workflow's page
+    assert "### against baseline `before`" in summary
+    assert any(line.startswith("- **REGRESSED** ") and "rank 1 headroom fell from" in line
+               for line in summary.splitlines())
 
 
 def test_headroom_is_judged_per_rank_under_a_fixed_budget():
