@@ -55,6 +55,8 @@ def replay(scenario_path: str, artifacts: str) -> int:
         result = s.run(scenario, f"replay-{scenario.schedule.hash}")
     print("\n".join(verdict_table([result])))
     print(f"artifacts: {result.run_dir}")
+    if result.report is not None:
+        print(f"report: {result.report}")
     return 0 if result.verdict.status == "pass" else 1
 
 

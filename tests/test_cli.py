@@ -38,3 +38,4 @@ def test_replay_reruns_a_saved_scenario(tmp_path, toy):
                   str(tmp_path / "again"), cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "kill(rank:1) at step 3 backward" in out.stdout and "FAIL" not in out.stdout
+    assert f"report: {tmp_path / 'again'}" in out.stdout  # replay-<hash>/report.html
