@@ -52,7 +52,10 @@ def test_seed_001_extra_memory_fails_the_gate(pytester):
         @pytest.mark.reshard(world_size=2, steps=6, timeout=90)
         def test_train(reshard_run):
             extra = int(os.environ.get("EXTRA_MB", "0"))
-            faults = [chaos.memory_pressure(rank=1, at_step=1, bytes=extra * 2**20)] if extra else []
+            # the rank stays a while after it allocates: the supervisor samples VmHWM every 20 ms
+            # while a rank lives, and a toy rank can allocate and exit between two samples
+            faults = [chaos.memory_pressure(rank=1, at_step=1, bytes=extra * 2**20),
+                      chaos.slow_rank(rank=1, at_step=2, steps=3, delay_ms=100)] if extra else []
             reshard_run({str(WORKLOADS / "toy_train.py")!r}, faults=faults,
                         memory_budget_bytes=2**30).assert_ok()
     """)
