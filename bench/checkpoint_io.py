@@ -68,6 +68,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=C.DEFAULT_THREADS,
                    help="FileSystemWriter I/O threads per rank")
     p.add_argument("--optimizer", action="store_true", help="add AdamW's two fp32 moments")
+    p.add_argument("--crc32", action="store_true", help="let torch.save compute its zip CRCs "
+                   "(torch's default; the factory skips them)")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary folder "
                    "under /tmp); must be on the disk you want to measure")
     p.add_argument("--json", default=None, help="also write the figures here")
@@ -90,7 +92,7 @@ def main() -> None:
             if written is not None:
                 shutil.rmtree(written.path)
             written = C.write(a.profile, scale, root / f"dcp{i}", a.save_ranks, launcher=launcher,
-                              optimizer=a.optimizer, threads=a.threads,
+                              optimizer=a.optimizer, threads=a.threads, crc32=a.crc32,
                               digests=i == a.repeats - 1)  # the kept one is checked
             fig["dcp_save"].append(written.save_gbps)
             fig["torch_save"].append(torch_save_gbps(tensors, root / "torch.pt", nbytes))
@@ -115,7 +117,7 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     def ratio(num: str, den: str) -> float:
-        return statistics.median(n / d for n, d in zip(fig[num], fig[den]))
+        return statistics.median(n / d for n, d in zip(fig[num], fig[den], strict=True))
 
     print(f"\nbit-exact: {len(written.digests)} of {len(written.digests)} tensors after "
           f"{a.save_ranks} -> {a.load_ranks} ranks")

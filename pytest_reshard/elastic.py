@@ -44,7 +44,7 @@ RDZV_CONF = ("is_host=false,join_timeout=60,last_call_timeout=1,close_timeout=10
 BARRIER_TIMEOUT_S = 120.0
 _UNSET_FOR_AGENTS = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
                      "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                     "TORCHELASTIC_USE_AGENT_STORE")
+                     "TORCHELASTIC_USE_AGENT_STORE", "RESHARD_ROLE")  # per rank: the plan has roles
 
 
 class ElasticLauncher:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -332,7 +333,7 @@ def _reshard_checkpoint_launcher() -> Any:
 
 @pytest.fixture
 def checkpoint_factory(request: pytest.FixtureRequest, tmp_path: Path,
-                       _reshard_checkpoint_launcher: Any) -> Any:
+                       _reshard_checkpoint_launcher: Any) -> Iterator[Any]:
     """Write a sharded DCP checkpoint shaped like a real model family, with real I/O:
     ``checkpoint_factory("llama3-70b", scale=1/1024, world_size=4)`` -> ``Written`` (path,
     digests, GB/s); ``written.load(world_size=3).assert_bit_exact()`` reshards it. Profiles:
@@ -341,7 +342,9 @@ def checkpoint_factory(request: pytest.FixtureRequest, tmp_path: Path,
     from .fixtures.checkpoint_profiles import parse_scale
 
     scale = request.config.stash[_STATE].settings["reshard_checkpoint_scale"]
-    return CheckpointFactory(tmp_path, _reshard_checkpoint_launcher, parse_scale(scale))
+    yield CheckpointFactory(tmp_path / "checkpoints", _reshard_checkpoint_launcher,
+                            parse_scale(scale))
+    shutil.rmtree(tmp_path / "checkpoints", ignore_errors=True)  # GBs at production scale
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: a worker finished

@@ -108,12 +108,12 @@ def test_70b_profile_saves_at_4_and_reshards_to_3_bit_exact(checkpoint_factory):
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory, _reshard_checkpoint_launcher):
     """The 27B hybrid profile, tiny: 3-D conv weights, fp32 tensors, 4-row tensors that leave a
-    rank of 3 empty; written at 2 ranks."""
+    rank of 3 empty; written at 2 ranks, with torch.save's zip CRCs (torch's default)."""
     from pytest_reshard.checkpoints import CheckpointFactory
 
     factory = CheckpointFactory(tmp_path_factory.mktemp("hybrid"), _reshard_checkpoint_launcher,
                                 default_scale=1 / 4096)
-    return factory("qwen3.6-27b", world_size=2)
+    return factory("qwen3.6-27b", world_size=2, crc32=True)
 
 
 def test_hybrid_profile_reshards_2_to_3_with_empty_shards(hybrid):
@@ -133,7 +133,8 @@ def test_a_bit_flipped_in_a_loaded_shard_fails_naming_tensor_row_and_rank(hybrid
 
 
 def test_a_byte_corrupted_on_disk_fails_the_check(hybrid, tmp_path):
-    """A bit rotted in a shard file: DCP loads it without complaint; the digests do not."""
+    """A bit rotted in a shard file: DCP loads it without complaint, CRC written or not (its
+    loader never checks torch.save's CRC32); the digests do not."""
     import torch
     from torch.distributed.checkpoint import FileSystemReader
 

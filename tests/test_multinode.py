@@ -103,11 +103,13 @@ def test_losing_a_node_scales_down_through_torchs_rendezvous_and_the_lm_passes(r
     """CI runs the namespaced nodes where it can (root), else loopback; the nightly run also
     runs loopback where namespaces exist."""
     result = reshard_run("lm", launcher="elastic", nodes=2, network=network,
-                         args=["--ckpt-every", "2"],
-                         faults=[chaos.kill_node(rank=2, at_step=4, phase="backward")])
+                         faults=[chaos.kill_node(rank=2, at_step=6, phase="backward")])
     result.assert_ok()
     gens = result.history.generations
     assert [g.world_size for g in gens.values()] == [4, 2]
+    # the survivors resharded the 4-rank checkpoint of step 4 on load (the LM saves every 5)
+    loads = result.history.checkpoints("load")
+    assert loads and {(c.gen, c.step) for c in loads} == {(1, 4)}
     events = [json.loads(line) for line in
               (result.run_dir / "events" / "supervisor.jsonl").read_text().splitlines()]
     nodes = [e for e in events if e["ev"] == "nodes"]
