@@ -53,6 +53,13 @@ def test_parse_scale_rejects_what_is_not_a_fraction(bad):
         parse_scale(bad)
 
 
+def test_a_checkpoint_scale_that_is_not_a_fraction_is_a_usage_error(pytester):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest("--reshard-checkpoint-scale=2")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--reshard-checkpoint-scale='2'*(0, 1]*"])
+
+
 def test_unknown_profile_names_the_choices():
     with pytest.raises(ValueError, match="llama3-70b"):
         profile("llama4")
