@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import processes
+
 __all__ = ["Network", "create", "netns_unavailable"]
 
 STATE_DIR = Path(os.environ.get("RESHARD_NETNS_STATE", "/run/pytest-reshard-netns"))
@@ -166,7 +168,7 @@ def sweep_stale() -> list[str]:
             info = json.loads(state.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(info.get("pid", 0))):
+        if processes.alive(int(info.get("pid", 0))):
             continue
         _remove(info.get("namespaces", []), info.get("links", []))
         state.unlink(missing_ok=True)
@@ -209,13 +211,3 @@ def _ip(*args: str, check: bool = True) -> str:
     return done.stdout
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -6,6 +6,8 @@ Linux only (reads /proc); elsewhere the lists are empty.
 """
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 
@@ -60,6 +62,19 @@ def leaked_ranks(supervisor_pid: int) -> list[int]:
     return [p for p in started_by(supervisor_pid)
             if not (parent(p) == supervisor_pid
                     and b"pytest_reshard.forkserver" in _read(Path(f"/proc/{p}/cmdline")))]
+
+
+def alive(pid: int) -> bool:
+    """A process with this pid exists (possibly another user's)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def stopped(pid: int | None) -> bool:
