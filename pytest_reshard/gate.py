@@ -34,8 +34,11 @@ FIELDS = {
     "step_time": ("s", "median step time (rank 0)"),
     "throughput": ("samples/s", "samples per second"),
     "relaunch": ("s", "median relaunch to the next generation's first step"),
+    "recovery": ("s", "median time from an unplanned failure to the next committed step"),
     "save_time": ("s", "median checkpoint save"),
     "load_time": ("s", "median checkpoint load"),
+    "save_gbps": ("GB/s", "median checkpoint save throughput (bytes the workload reports)"),
+    "load_gbps": ("GB/s", "median checkpoint load throughput (bytes the workload reports)"),
     "headroom": ("bytes", "headroom to the memory budget"),
 }
 #: Under a fixed budget with no memory limit given, a rank's headroom may fall by this much of it.
@@ -107,8 +110,22 @@ def metrics(history: Any) -> dict[str, Any]:
             relaunch.append(min(firsts) - ends[gen - 1])
     losses = [round(loss, 6) for _, (_, loss) in sorted(history.kept_losses().items())]
 
+    recovery = []
+    for gen, g in sorted(history.generations.items()):
+        if gen + 1 in history.generations and g.cause in ("failure", "hang"):
+            fired = [e["t"] for e in events if e["ev"] == "fault" and e.get("gen") == gen]
+            since = min(fired) if fired else ends.get(gen)
+            done = [e["t"] for e in events if e["ev"] == "end" and e.get("gen") == gen + 1]
+            if since is not None and done:
+                recovery.append(min(done) - since)
+
     def median_of(kind: str) -> float | None:
         xs = [e["seconds"] for e in events if e["ev"] == kind and "seconds" in e]
+        return statistics.median(xs) if xs else None
+
+    def gbps(kind: str) -> float | None:
+        xs = [e["bytes"] / e["seconds"] / 1e9 for e in events
+              if e["ev"] == kind and e.get("bytes") and e.get("seconds")]
         return statistics.median(xs) if xs else None
 
     return {
@@ -119,8 +136,11 @@ def metrics(history: Any) -> dict[str, Any]:
         "step_time": step_time,
         "throughput": (samples / len(kept)) / step_time if kept and step_time else None,
         "relaunch": statistics.median(relaunch) if relaunch else None,
+        "recovery": statistics.median(recovery) if recovery else None,
         "save_time": median_of("ckpt_save"),
         "load_time": median_of("ckpt_load"),
+        "save_gbps": gbps("ckpt_save"),
+        "load_gbps": gbps("ckpt_load"),
         "loss_digest": hashlib.sha256(json.dumps(losses).encode()).hexdigest()[:16],
     }
 
@@ -256,6 +276,8 @@ def _fmt(field: str, x: float) -> str:
         return f"{x / 2 ** 20:.0f} MB"
     if unit == "s":
         return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
+    if unit == "GB/s":
+        return f"{x:.3f} GB/s"
     return f"{x:.1f} {unit}"
 
 
