@@ -83,3 +83,19 @@ def test_a_declared_minimum_throughput_fails_a_straggling_drafter_and_names_it(r
                      r"fault-free run's .*declared minimum 50%.*bottleneck: drafter", v.message)
     others = {k for k, x in result.verdicts.items() if x.status != "pass"}
     assert others == {"throughput"}, {k: x.message for k, x in result.verdicts.items()}
+
+
+def test_shares_cover_every_position_once_at_every_topology():
+    from pytest_reshard.fixtures import dflash
+
+    for targets in (1, 2, 3):
+        for drafters in (1, 2, 3):
+            t, d = dflash.shares(12, targets), dflash.shares(12, drafters)
+            cells = [p for a in t for b in d for p in dflash.overlap(a, b)]
+            assert sorted(cells) == list(range(12))
+    shape = dflash.SIZES["tiny"]
+    anchors = dflash.anchor_positions(0, 7, shape)
+    assert anchors == dflash.anchor_positions(0, 7, shape) and len(set(anchors)) == shape.anchors
+    assert max(anchors) + shape.block_size < shape.seq_len  # every predicted token exists
+    with pytest.raises(SystemExit):
+        dflash.parse_args(["--bug", "no_such_bug"])
