@@ -265,7 +265,8 @@ class Run:
     def close(self) -> None:
         """Record a clean exit. Call it last; ``os._exit`` after it is fine."""
         if self.active and self._fd >= 0:
-            self._emit("exit", code=0)
+            # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
+            self._emit("exit", code=0, peak_rss=_peak_rss())
             os.close(self._fd)
             self._fd = -1
             self.active = False
@@ -318,6 +319,18 @@ def _quoted(text: str) -> str:
 def _number(x: float) -> str:
     """A JSON number; NaN and infinities as Python's json module writes (and reads) them."""
     return repr(x) if x == x and x not in (float("inf"), float("-inf")) else json.dumps(x)
+
+
+def _peak_rss() -> int | None:
+    """This process's peak resident set size in bytes (VmHWM), or None off Linux."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _alive(pid: int) -> bool:

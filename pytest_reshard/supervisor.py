@@ -342,6 +342,11 @@ class Supervisor:
                 self._live.kill()
                 self._live = None
             del store
+            self.tail.poll(gen)
+            for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one
+                exits = [e for e in self.tail.events(gen, rank) if e["ev"] == "exit" and e.get("peak_rss")]
+                if exits:
+                    watch.peaks[rank] = max(watch.peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
             for rank, peak in sorted(watch.peaks.items()):
                 self.record("rss", gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)

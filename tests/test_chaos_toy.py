@@ -62,3 +62,15 @@ def test_memory_headroom_passes_with_room_and_flags_a_tight_budget(reshard_run, 
     tight = reshard_run(toy, memory_budget_bytes=int(peak * 1.05))
     assert tight.verdicts["memory_headroom"].status == "fail"
     assert "headroom" in tight.verdicts["memory_headroom"].message
+
+
+def test_a_peak_reached_just_before_exit_is_still_recorded(reshard_run, toy):
+    """The supervisor samples RSS every 20 ms while a rank lives; the probe's exit event carries
+    the rank's own peak, so an allocation right before a clean exit is not missed."""
+    result = reshard_run(toy, world_size=2, steps=3, faults=[
+        chaos.memory_pressure(rank=1, at_step=2, phase="end", bytes=400 * 2**20)])
+    result.assert_ok()
+    exit_peak = next(e["peak_rss"] for e in result.history.rank_events("exit", rank=1))
+    recorded = max(e["peak_bytes"] for e in result.history.events
+                   if e["ev"] == "rss" and e["rank"] == 1)
+    assert exit_peak >= 400 * 2**20 and recorded >= exit_peak
