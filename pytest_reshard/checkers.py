@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
 from .history import Detection, Generation, History, Occurrence
@@ -132,7 +133,11 @@ def no_rewind(history: History) -> Verdict:
         if pending:                     # a transition: the generations in `pending` ended
             planned = all(p.planned for p in pending)
             culprit = next((p for p in pending if not p.planned), pending[-1])
-            budget = 0 if planned else history.max_rewind_steps(g)
+            # What the failed generation promised counts too: a pipeline that declared 0 (its
+            # drafters replicate the state) and came back smaller must still have lost nothing.
+            declared = min([history.max_rewind_steps(p.gen) for p in pending]
+                           + [history.max_rewind_steps(g)])
+            budget = 0 if planned else declared
             fault = history.describe_fault(culprit.fault_id)
             cause = _cause_phrase(history, culprit)
             transitions.append({"generation": g, "resume_step": resume, "planned": planned,
@@ -142,10 +147,10 @@ def no_rewind(history: History) -> Verdict:
                     hint = ("a planned reshard or preemption must cost nothing: save when "
                             "run.reshard_requested() or run.stop_requested() says so, and resume "
                             "from that save at the next step")
-                elif history.max_rewind_steps(g) == 0:
-                    hint = ("the workload declares no rewind budget (max_rewind_steps unset, so "
-                            "0): declare its checkpoint interval with probe.attach("
-                            "max_rewind_steps=N) or keep redundant in-memory state")
+                elif declared == 0:
+                    hint = ("the workload's rewind budget is 0 (declared so, or unset): declare its "
+                            "checkpoint interval with probe.attach(max_rewind_steps=N) or keep "
+                            "redundant in-memory state that survives this fault")
                 else:
                     hint = (f"the workload declares max_rewind_steps={budget}: checkpoint more "
                             "often, or resume from the latest save")
@@ -569,7 +574,9 @@ def liveness(history: History) -> Verdict:
     scenario = history.scenario
     target = scenario.steps - 1 if scenario else None
     committed = history.committed(final.gen)
-    if target is not None and target >= 0 and target not in committed:
+    carried = (final.resume_step is not None and target is not None and final.resume_step > target
+               and any(o.step == target for o in history.kept()))  # done before, resumed past it
+    if target is not None and target >= 0 and target not in committed and not carried:
         reached = (f"last committed step {max(committed)}" if committed else "no step committed")
         how = (f"; generation {final.gen} ended by {final.cause}"
                f"{': ' + final.detail if final.detail else ''}" if final.cause else "")
@@ -709,6 +716,13 @@ def sample_ledger(history: History, *, producer: str = "target",
     for occ in history.kept():
         made, took = _by_role(history, occ, producer), _by_role(history, occ, consumer)
         delivered += len(took)
+        routed = Counter(pair for rank, pairs in history.samples(occ.gen, occ.step).items()
+                         if history.role(occ.gen, rank) == consumer for pair in pairs)
+        twice = sorted(p for p, n in routed.items() if n > 1)
+        if twice:
+            problems.append((occ, f"step {occ.step} (generation {occ.gen}): sample {twice[0][1]} "
+                             f"(epoch {twice[0][0]}) reached two {consumer} ranks: a batch was "
+                             f"routed twice", None))
         if not made and not took:
             continue
         dropped = sorted(set(made) - set(took))
@@ -750,7 +764,6 @@ class RoleRate(NamedTuple):
     seconds: float               # wall time, scaled to the share of the machine left to the run
     steps: int
     wait: float                  # share of the ranks' time spent waiting on the other role
-    per_rank: dict[int, float]   # tokens each rank of the role processed (all ended steps)
     queue: float | None          # mean queue depth the role recorded (producers), if any
 
     @property
@@ -770,20 +783,33 @@ def role_rate(history: History, gen: int, role: str) -> RoleRate | None:
     if len(steps) < 3 or not ranks:
         return None
     ends = {s: max(t for r, t in history.end_times(gen, s).items() if r in ranks) for s in steps}
-    per_rank = {r: 0.0 for r in ranks}
     tokens = waited = 0.0
     depths = [d for s in steps for r, d in history.metric(gen, s, "queue").items() if r in ranks]
     for s in steps:
-        for r, n in history.metric(gen, s, "tokens").items():
-            if r in ranks:
-                per_rank[r] += n
-                tokens += n if s != steps[0] else 0.0
         if s != steps[0]:
+            tokens += sum(n for r, n in history.metric(gen, s, "tokens").items() if r in ranks)
             waited += sum(w for r, w in history.metric(gen, s, "wait_s").items() if r in ranks)
     wall = ends[steps[-1]] - ends[steps[0]]
     seconds = wall * _share_left(history, gen, steps[1:], wall)
     return RoleRate(tokens, seconds, len(steps), min(1.0, waited / (wall * len(ranks)))
-                    if wall > 0 else 0.0, per_rank, sum(depths) / len(depths) if depths else None)
+                    if wall > 0 else 0.0, sum(depths) / len(depths) if depths else None)
+
+
+def role_work(history: History, gen: int, role: str) -> dict[int, float]:
+    """rank -> tokens each rank of ``role`` processed over ``gen``'s committed steps."""
+    g = history.generations.get(gen)
+    if g is None:
+        return {}
+    ranks = {r for r, name in enumerate(g.roles) if name == role}
+    steps = history.committed(gen)
+    if not steps or not ranks:
+        return {}
+    work = {r: 0.0 for r in ranks}
+    for s in steps:
+        for r, n in history.metric(gen, s, "tokens").items():
+            if r in work:
+                work[r] += n
+    return work
 
 
 def _share_left(history: History, gen: int, steps: list[int], wall: float) -> float:
@@ -830,30 +856,33 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
                                "s.record(tokens=n) in each step", replay=replay)
     measured: list[str] = []
     failures: list[tuple[int, str, int | None]] = []
+    worked = 0  # generations whose ranks' shares of the work were judged
     for gen, g in sorted(history.generations.items()):
         rates = {role: rate for role in dict.fromkeys(g.roles)
                  if (rate := role_rate(history, gen, role)) is not None}
-        if not rates:
-            continue
         topo = _topology_name(g.roles)
         bottleneck = min(rates, key=lambda role: rates[role].wait) if len(rates) > 1 else None
         waits = ", ".join(f"{role}s waited {r.wait:.0%}"
                           + (f" (mean queue depth {r.queue:.1f})" if r.queue is not None else "")
                           for role, r in rates.items())
-        why = (f"bottleneck: {bottleneck} ({waits} of their time on the other role)"
+        why = (f"; bottleneck: {bottleneck} ({waits} of their time on the other role)"
                if bottleneck else "")
-        ref = (references or {}).get(tuple(g.roles))
-        for role, r in rates.items():
-            mean = sum(r.per_rank.values()) / len(r.per_rank)
-            idle = sorted(rank for rank, n in r.per_rank.items() if n < min_share * mean)
-            if idle and len(r.per_rank) > 1:
-                working = len(r.per_rank) - len(idle)
+        for role in dict.fromkeys(g.roles):  # needs no rate: one committed step is enough
+            work = role_work(history, gen, role)
+            if not work:
+                continue
+            worked += 1
+            mean = sum(work.values()) / len(work)
+            idle = sorted(rank for rank, n in work.items() if n < min_share * mean)
+            if idle and len(work) > 1:
                 failures.append((gen, f"generation {gen} ({topo}): {role} rank{'s' if len(idle) > 1 else ''} "
                                  f"{', '.join(map(str, idle))} processed "
-                                 f"{', '.join(f'{r.per_rank[i]:.0f}' for i in idle)} tokens while "
-                                 f"the {role} ranks averaged {mean:.0f}: the {role} pool silently "
-                                 f"shrank to {working} of {len(r.per_rank)} working ranks; {why}",
+                                 f"{', '.join(f'{work[i]:.0f}' for i in idle)} tokens while the "
+                                 f"{role} ranks averaged {mean:.0f}: the {role} pool silently shrank "
+                                 f"to {len(work) - len(idle)} of {len(work)} working ranks{why}",
                                  idle[0]))
+        ref = (references or {}).get(tuple(g.roles))
+        for role, r in rates.items():
             ref_rate = role_rate(ref, min(ref.generations), role) if ref and ref.generations else None
             if ref_rate is None or ref_rate.rate <= 0:
                 measured.append(f"gen {gen} {role} {_k(r.rate)} (no reference)")
@@ -863,7 +892,7 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
             if min_fraction is not None and ratio < min_fraction:
                 failures.append((gen, f"generation {gen} ({topo}): {role} throughput {_k(r.rate)}, "
                                  f"{ratio:.0%} of the fault-free run's {_k(ref_rate.rate)} at this "
-                                 f"topology (declared minimum {min_fraction:.0%}); {why}", None))
+                                 f"topology (declared minimum {min_fraction:.0%}){why}", None))
     details = {"measured": measured}
     if failures:
         gen, text, rank = failures[0]
@@ -871,11 +900,12 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
             text += f" ({len(failures)} findings in all)"
         return Verdict.failed(check, text, rank=rank, generation=gen, details=details,
                               replay=replay)
-    if not measured:
-        return Verdict.unknown(check, "no generation ran the 3 steps a rate needs", replay=replay)
+    if not worked:
+        return Verdict.unknown(check, "no generation committed a step", replay=replay)
     bound = (f"every rate at least {min_fraction:.0%} of the clean run's" if min_fraction is not None
              else "no minimum rate declared (min_throughput=)")
-    return Verdict.passed(check, f"every rank of each role worked; {bound}: " + "; ".join(measured),
+    rates_text = "; ".join(measured) or "no generation ran the 3 steps a rate needs"
+    return Verdict.passed(check, f"every rank of each role did its share; {bound}: {rates_text}",
                           details=details, replay=replay)
 
 

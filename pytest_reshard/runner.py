@@ -185,12 +185,19 @@ def _other_topology(scenario: Scenario, first: list[str], history: History) -> l
             if g.roles and list(g.roles) != first]
     if used:
         return used[0]
-    half = len(first) // 2
-    if half < 1:
-        return None
     if len(set(first)) == 1:
-        return first[:half]
-    return default_roles(scenario.workload, half) if not scenario.roles else None
+        half = len(first) // 2
+        return first[:half] if half else None
+    # Several roles: move one rank from the biggest role to the smallest (2+2 -> 1+3), which
+    # changes how the work splits as a reshard would, and keeps every role.
+    counts = Counter(first)
+    big = max(counts, key=counts.get)
+    small = min((r for r in counts if r != big), key=counts.get)
+    if counts[big] < 2:
+        return None
+    out = list(first)
+    out[max(i for i, r in enumerate(out) if r == big)] = small
+    return sorted(out, key=list(counts).index)
 
 
 def _safe(name: str) -> str:

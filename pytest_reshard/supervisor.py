@@ -109,7 +109,9 @@ def next_roles(roles: Sequence[str], size: int, *, lost: int | None = None,
     out = list(roles)
     if lost is not None and size < len(out) and lost < len(out):
         del out[lost]
-    del out[size:]
+    while len(out) > size:  # trim from the end, but never a role's last rank
+        spare = [i for i, r in enumerate(out) if out.count(r) > 1]
+        del out[spare[-1] if spare else -1]
     out.extend(out[-1:] * (size - len(out)) if out else ["trainer"] * size)
     return out
 
@@ -647,5 +649,8 @@ class _Watch:
         return all((self._last_end(r) or -1) >= self.sc.steps - 1 for r in codes)
 
     def _last_end(self, rank: int) -> int | None:
-        ends = [ev["step"] for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] == "end"]
-        return max(ends) if ends else None
+        """The last step whose effect the rank holds: the last it ended, or the one before where
+        it resumed (a generation that resumes past the last step has nothing left to run)."""
+        done = [ev["step"] if ev["ev"] == "end" else ev["step"] - 1
+                for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] in ("end", "resumed")]
+        return max(done) if done else None

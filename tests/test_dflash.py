@@ -99,3 +99,16 @@ def test_shares_cover_every_position_once_at_every_topology():
     assert max(anchors) + shape.block_size < shape.seq_len  # every predicted token exists
     with pytest.raises(SystemExit):
         dflash.parse_args(["--bug", "no_such_bug"])
+
+
+@pytest.mark.parametrize("roles, faults", [
+    # the drafters stop while a slow target is still in the next step: its send finds them gone
+    (TWO_TWO, [chaos.preempt(at_step=5, phase="recv"),
+               chaos.slow_rank(rank=0, at_step=6, phase="send", delay_ms=1500)]),
+    # an error at the end of a step, after its update: the snapshot must hold that update
+    (THREE_ONE, [chaos.ecc_error(rank=3, at_step=6, phase="end", layer="compute")]),
+    # a death at the last step: the next generation resumes past it and has nothing to run
+    (TWO_TWO, [chaos.kill(rank=3, at_step=11, phase="end")]),
+], ids=["stop-while-a-target-sends", "error-after-the-update", "death-at-the-last-step"])
+def test_edge_placements_pass(reshard_run, roles, faults):
+    reshard_run("dflash", roles=roles, faults=faults).assert_ok()

@@ -164,3 +164,27 @@ def test_next_generation_roles():
     assert default_roles("dflash", 4) == ROLES and default_roles("lm", 2) == ["trainer"] * 2
     with pytest.raises(ValueError, match="make the counts add up"):
         expand_roles({"target": 1}, 2)
+
+
+def test_ledger_names_a_sample_routed_to_two_drafters():
+    v = checkers.sample_ledger(pipeline(takes=lambda s, i: share(s, i, 2) + ([batch(s)[0]] if i == 1 else [])))
+    assert v.status == "fail" and "reached two drafter ranks" in v.message
+
+
+def test_an_idle_rank_fails_even_in_a_generation_too_short_for_a_rate():
+    h = pipeline(steps=2, takes=lambda s, i: batch(s) if i == 0 else [])
+    v = checkers.throughput(h)
+    assert v.status == "fail" and "drafter rank 3 processed 0 tokens" in v.message
+    assert checkers.throughput(pipeline(steps=2)).status == "pass"
+
+
+def test_other_topology_for_the_noise_floor_keeps_every_role():
+    from pytest_reshard.history import History as H
+    from pytest_reshard.runner import _other_topology
+    from pytest_reshard.supervisor import Scenario
+
+    empty = H.from_events([])
+    assert _other_topology(Scenario("dflash", 4, 12), ROLES, empty) == ["target"] + ["drafter"] * 3
+    assert _other_topology(Scenario("dflash", 2, 12), ["target", "drafter"], empty) is None
+    assert _other_topology(Scenario("lm", 4, 12), ["trainer"] * 4, empty) == ["trainer"] * 2
+    assert next_roles(ROLES, 2) == ["target", "drafter"]  # a shrink never drops a whole role
