@@ -145,7 +145,9 @@ def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
       next collective. Nothing beats the clock here: the supervisor sees a *stall* after
       ``stall_s`` (default 10 s) without progress from any rank.
 
-    Either way the generation is killed and the next starts at ``then_world_size`` (default the
+    Either way the supervisor then SIGKILLs the hung rank only, as a scheduler's health check
+    would; its peers fail their next collective and get ``failure_grace_s`` to save what they
+    hold before the generation ends, and the next starts at ``then_world_size`` (default the
     same size). Does not reproduce a GPU kernel spinning on the device.
     """
     if mode not in ("sigstop", "block"):

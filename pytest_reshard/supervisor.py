@@ -416,6 +416,7 @@ class _Watch:
         self.failure: tuple[int, int, float, str] | None = None  # rank, code, when, detail
         self.reported: set[int] = set()
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
+        self.hung: Outcome | None = None  # how the generation ends, once a hung rank is killed
         self.step: int | None = None     # the highest step begun in this generation
 
     def _detect(self, kind: str, rank: int, *, expected: bool, code: int | None = None,
@@ -544,9 +545,11 @@ class _Watch:
                 return self._classify(codes)
             if self.plan_deadline is not None and now > self.plan_deadline:
                 return self._missed_deadline(codes)
-            hung = self._stopped_rank(codes)
+            hung = self._stopped_rank(codes) if self.failure is None else None
             if hung is not None:
-                return self._hang("stopped", hung, since=os.path.getmtime(self._hb(hung)))
+                self._end_hung(live, hung, self._hang("stopped", hung,
+                                                      since=os.path.getmtime(self._hb(hung))))
+                continue
             quiet = now - self.last_progress
             limit = sc.stall_s if self.started_training else sc.startup_s
             if quiet > limit and self.failure is None and self.plan_deadline is None:
@@ -554,7 +557,8 @@ class _Watch:
                 culprit = self._faulted_rank(("hang",))
                 rank = culprit if culprit is not None else \
                     min((r for r, c in codes.items() if c is None), default=0)
-                return self._hang("stalled", rank, since=None)
+                self._end_hung(live, rank, self._hang("stalled", rank, since=None))
+                continue
             if now > self.deadline:
                 return Outcome("timeout", detail=f"scenario timeout of {sc.timeout_s:.0f} s "
                                f"reached in generation {gen}")
@@ -569,6 +573,15 @@ class _Watch:
         after = int(fault["params"].get("then_world_size") or self.world_size)
         return Outcome("hang", fault_id=fault["id"], detail=detail, next_world_size=after,
                        lost_rank=rank)
+
+    def _end_hung(self, live: Generation, rank: int, outcome: Outcome) -> None:
+        """Kill only the hung rank and treat it as a death: its peers then fail their next
+        collective and get the failure grace to save what they hold (an emergency snapshot),
+        exactly as after a kill; killing them all at once would throw that state away."""
+        live.signal(rank, signal.SIGKILL)
+        self.hung = outcome
+        self.reported.add(rank)
+        self.failure = (rank, -signal.SIGKILL, time.monotonic(), outcome.detail)
 
     def _hb(self, rank: int) -> Path:
         return self.sup.events_dir / f"g{self.gen}-r{rank}.hb"
@@ -603,6 +616,8 @@ class _Watch:
 
     def _classify(self, codes: dict[int, int | None]) -> Outcome:
         sc = self.sc
+        if self.hung is not None:
+            return self.hung
         if self.failure is not None:
             rank, code, _, detail = self.failure
             fault = self._fault_for(rank, DEATHS)

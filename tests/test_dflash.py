@@ -112,3 +112,11 @@ def test_shares_cover_every_position_once_at_every_topology():
 ], ids=["stop-while-a-target-sends", "error-after-the-update", "death-at-the-last-step"])
 def test_edge_placements_pass(reshard_run, roles, faults):
     reshard_run("dflash", roles=roles, faults=faults).assert_ok()
+
+
+def test_a_hung_drafter_costs_nothing_the_survivor_holds(reshard_run):
+    """Only the hung rank is killed: the other drafter gets the failure grace to snapshot."""
+    result = reshard_run("dflash", roles=TWO_TWO, faults=[
+        chaos.hang(rank=3, at_step=6, phase="backward", then_world_size=3)])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 6  # the survivor's snapshot of step 5
