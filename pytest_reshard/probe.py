@@ -44,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from . import processes  # stdlib only: /proc reads
+
 __all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
 
 ENV_DIR = "RESHARD_DIR"
@@ -266,7 +268,7 @@ class Run:
         """Record a clean exit. Call it last; ``os._exit`` after it is fine."""
         if self.active and self._fd >= 0:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
-            self._emit("exit", code=0, peak_rss=_peak_rss())
+            self._emit("exit", code=0, peak_rss=processes.peak_rss(os.getpid()))
             os.close(self._fd)
             self._fd = -1
             self.active = False
@@ -298,7 +300,7 @@ class Run:
         path = self._heartbeat_path
         while True:
             time.sleep(HEARTBEAT_S)
-            if supervisor and not _alive(supervisor):
+            if supervisor and not processes.alive(supervisor):
                 os._exit(ORPHAN_EXIT)
             try:
                 os.utime(path)
@@ -319,28 +321,6 @@ def _quoted(text: str) -> str:
 def _number(x: float) -> str:
     """A JSON number; NaN and infinities as Python's json module writes (and reads) them."""
     return repr(x) if x == x and x not in (float("inf"), float("-inf")) else json.dumps(x)
-
-
-def _peak_rss() -> int | None:
-    """This process's peak resident set size in bytes (VmHWM), or None off Linux."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # Each executor runs inside the rank at the exact fault point. The supervisor sees the `fault`
