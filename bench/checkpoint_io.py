@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pytest_reshard.fixtures.checkpoint_profiles import parse_scale, profile
 
-from pytest_reshard import checkpoints as C
+from pytest_reshard.checkpoints import factory as C
 
 
 def torch_save_gbps(tensors: dict, path: Path, nbytes: int) -> float:

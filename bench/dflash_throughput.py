@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pytest_reshard.checkers import role_rate
 from pytest_reshard.probe import Run
-from pytest_reshard.runner import Session, scenario_from
+from pytest_reshard.session import Session, scenario_from
 
 TOPOLOGIES = [{"target": 2, "drafter": 2}, {"target": 3, "drafter": 1},
               {"target": 1, "drafter": 3}, {"target": 2, "drafter": 1}, {"target": 1, "drafter": 1}]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from pytest_reshard.probe import Run
-from pytest_reshard.runner import Session, scenario_from
+from pytest_reshard.session import Session, scenario_from
 
 
 def step_time(tmp: Path, workload: str) -> float:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from hypothesis import given
 
-from pytest_reshard import strategies
-from pytest_reshard.runner import Session, scenario_from
+from pytest_reshard.schedule import strategies
+from pytest_reshard.session import Session, scenario_from
 
 LM_PHASES = ("data", "forward", "backward", "optimizer")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pytest_reshard import chaos
 from pytest_reshard.history import History
-from pytest_reshard.runner import Session, scenario_from
+from pytest_reshard.session import Session, scenario_from
 
 
 def relaunch_s(history: History, ev: str = "begin") -> float:

@@ -12,13 +12,15 @@ from typing import Any
 
 __all__ = ["chaos", "probe", "Session", "scenario_from", "Result", "ReshardAssertionError",
            "Verdict"]
-_LAZY = {"Session": "runner", "scenario_from": "runner", "Result": "result",
+_MODULES = {"chaos": "chaos", "probe": "probe", "strategies": "schedule.strategies",
+            "telemetry": "telemetry"}
+_LAZY = {"Session": "session", "scenario_from": "session", "Result": "result",
          "ReshardAssertionError": "result", "Verdict": "verdict"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("chaos", "probe"):
-        return importlib.import_module(f"{__name__}.{name}")
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{_MODULES[name]}")
     if name in _LAZY:
         return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,9 +39,9 @@ def run_suite(name: str, artifacts: str, extra: list[str]) -> int:
 
 
 def replay(scenario_path: str, artifacts: str) -> int:
-    from .report import verdict_table
-    from .runner import Session
-    from .supervisor import Scenario
+    from pytest_reshard.reports.table import verdict_table
+    from pytest_reshard.session import Session
+    from pytest_reshard.supervisor import Scenario
 
     path = Path(scenario_path)
     if path.is_dir():
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--artifacts", default="reshard-artifacts", help="artifacts folder")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gate"]:  # its own options: pytest-reshard gate --help
-        from .upgrade_gate import main as gate_main
+        from pytest_reshard.gate.stacks import main as gate_main
 
         return gate_main(argv[1:])
     extra: list[str] = []

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from .strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
+from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
 LAUNCHERS = ("fork", "local", "torchrun")
@@ -79,7 +79,7 @@ def _validate(name: str, value: str, source: str) -> str:
     if name == "reshard_launcher" and value not in LAUNCHERS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
     if name == "reshard_compare_fail" and value:
-        from .gate import GateError, parse
+        from pytest_reshard.gate.baseline import GateError, parse
 
         try:
             parse(value)
@@ -88,7 +88,7 @@ def _validate(name: str, value: str, source: str) -> str:
     if name == "reshard_profile" and value not in PROFILES:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(PROFILES)}")
     if name == "reshard_checkpoint_scale":
-        from .fixtures.checkpoint_profiles import parse_scale  # plain data, no torch
+        from pytest_reshard.fixtures.checkpoint_profiles import parse_scale  # plain data, no torch
 
         try:
             parse_scale(value)
@@ -111,7 +111,7 @@ class _State:
         self.layout: Any = None  # this xdist worker's ports and GPUs (workers.Layout)
         info = getattr(config, "workerinput", None)
         if info is not None:  # an xdist worker: claim disjoint ports and GPUs before any run
-            from .workers import configure
+            from pytest_reshard.parallel import configure
 
             self.layout = configure(str(info["workerid"]), int(info["workercount"]))
 
@@ -126,12 +126,12 @@ class _State:
 
     def harness(self, config: pytest.Config) -> Any:
         if self.session is None:
-            from .runner import Session
+            from pytest_reshard.session import Session
 
             reporter = config.pluginmanager.get_plugin("terminalreporter")
             progress = status = None
             if reporter is not None and config.get_verbosity() > 0 and self.layout is None:
-                from .progress import LiveLine
+                from pytest_reshard.reports.progress import LiveLine
 
                 capman = config.pluginmanager.get_plugin("capturemanager")
                 self.live = LiveLine(reporter, tty=bool(getattr(reporter, "isatty", False)),
@@ -153,7 +153,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     shard = config.getoption("reshard_shard", None)
     if shard:
-        from .workers import parse_shard
+        from pytest_reshard.parallel import parse_shard
 
         try:
             parse_shard(shard)
@@ -178,11 +178,11 @@ def _remember_seed(config: pytest.Config, state: "_State") -> None:
 
 
 def _use_profile(name: str) -> None:
-    """Make ``name`` the profile of ``pytest_reshard.strategies``; register the hypothesis
+    """Make ``name`` the profile of ``pytest_reshard.schedule.strategies``; register the hypothesis
     profiles only if hypothesis is importable (neither it nor torch is imported otherwise)."""
     import importlib.util
 
-    from . import strategies  # stdlib only at import
+    from pytest_reshard.schedule import strategies  # stdlib only at import
 
     strategies.ACTIVE_PROFILE = name
     if importlib.util.find_spec("hypothesis") is not None:
@@ -199,7 +199,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     shard = config.getoption("reshard_shard", None)
     if not shard:
         return
-    from .workers import shard as keep_of
+    from pytest_reshard.parallel import shard as keep_of
 
     keep = keep_of([item.nodeid for item in items], shard)
     dropped = [item for item in items if item.nodeid not in keep]
@@ -242,9 +242,9 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
 
     def run(workload: str | None = None, faults: Any = (), **overrides: Any) -> Any:
         nonlocal count
-        from .runner import scenario_from
+        from pytest_reshard.session import scenario_from
 
-        from .supervisor import BUNDLED
+        from pytest_reshard.supervisor import BUNDLED
 
         opts = {**defaults, **overrides}
         workload = workload or opts.pop("workload", None)
@@ -274,7 +274,7 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         finally:
             if state.live is not None:
                 state.live.finish()
-        from .report import summary_row
+        from pytest_reshard.reports.table import summary_row
 
         state.results.append(result)
         state.rows.append(summary_row(result, worker=state.layout.worker if state.layout else None))
@@ -294,8 +294,8 @@ def _gate(state: "_State", name: str, result: Any) -> None:
     s = state.settings
     if not (s["reshard_save_baseline"] or s["reshard_compare"]):
         return
-    from . import gate
-    from .result import ReshardAssertionError
+    from pytest_reshard.gate import baseline as gate
+    from pytest_reshard.result import ReshardAssertionError
 
     state.metrics[name] = gate.metrics(result.history)
     if not s["reshard_compare"]:
@@ -324,7 +324,7 @@ def _resolve_backend(backend: str) -> str:
 
 @pytest.fixture(scope="session")
 def _reshard_checkpoint_launcher() -> Any:
-    from .checkpoints import fork_launcher
+    from pytest_reshard.checkpoints.factory import fork_launcher
 
     launcher = fork_launcher()  # the server starts on the first write
     yield launcher
@@ -338,8 +338,8 @@ def checkpoint_factory(request: pytest.FixtureRequest, tmp_path: Path,
     ``checkpoint_factory("llama3-70b", scale=1/1024, world_size=4)`` -> ``Written`` (path,
     digests, GB/s); ``written.load(world_size=3).assert_bit_exact()`` reshards it. Profiles:
     ``pytest_reshard.fixtures.checkpoint_profiles``; no scale: ``--reshard-checkpoint-scale``."""
-    from .checkpoints import CheckpointFactory
-    from .fixtures.checkpoint_profiles import parse_scale
+    from pytest_reshard.checkpoints.factory import CheckpointFactory
+    from pytest_reshard.fixtures.checkpoint_profiles import parse_scale
 
     scale = request.config.stash[_STATE].settings["reshard_checkpoint_scale"]
     yield CheckpointFactory(tmp_path / "checkpoints", _reshard_checkpoint_launcher,
@@ -362,8 +362,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state: _State = config.stash[_STATE]
     if not state.rows or state.layout is not None:  # a worker: the controller summarises
         return
-    from .html_report import write_index
-    from .report import markdown_summary, verdict_table
+    from pytest_reshard.reports.html import write_index
+    from pytest_reshard.reports.table import markdown_summary, verdict_table
 
     rows = sorted(state.rows, key=lambda r: r["name"]) if any(r.get("worker") for r in state.rows) \
         else state.rows
@@ -400,7 +400,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return  # the controller saves the baseline, once, with every worker's numbers
     name = state.settings["reshard_save_baseline"]
     if name and state.metrics:
-        from . import gate
+        from pytest_reshard.gate import baseline as gate
 
         gate.save(Path(state.settings["reshard_baselines"]) / f"{name}.json", state.metrics)
 

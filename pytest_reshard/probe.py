@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from . import processes  # stdlib only: /proc reads
 
 __all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
 
@@ -268,7 +267,7 @@ class Run:
         """Record a clean exit. Call it last; ``os._exit`` after it is fine."""
         if self.active and self._fd >= 0:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
-            self._emit("exit", code=0, peak_rss=processes.peak_rss(os.getpid()))
+            self._emit("exit", code=0, peak_rss=_own_peak_rss())
             os.close(self._fd)
             self._fd = -1
             self.active = False
@@ -300,7 +299,7 @@ class Run:
         path = self._heartbeat_path
         while True:
             time.sleep(HEARTBEAT_S)
-            if supervisor and not processes.alive(supervisor):
+            if supervisor and not _alive(supervisor):
                 os._exit(ORPHAN_EXIT)
             try:
                 os.utime(path)
@@ -354,7 +353,7 @@ def _ecc_error(run: Run, fault: Mapping[str, Any]) -> None:
     if params.get("layer", "telemetry") == "compute":
         raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
                             f"Xid {params.get('xid') or 48})")
-    from . import telemetry
+    from pytest_reshard import telemetry
 
     telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))
 
@@ -387,11 +386,53 @@ def _memory_pressure(run: Run, fault: Mapping[str, Any]) -> None:
 
 
 def _kill_node(run: Run, fault: Mapping[str, Any]) -> None:
+    """The node goes, all at once: its torchrun agent (this rank's parent), every worker the
+    agent started, then this rank. Peers see their connections close, as when a machine dies."""
     if os.environ.get(ENV_ELASTIC) != "1":
         raise InjectedFault("kill_node needs ranks under elastic agents (launcher='elastic')")
-    from .elastic import kill_node
+    agent = os.getppid()
+    for pid in (agent, *(p for p in _children(agent) if p != os.getpid())):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
 
-    kill_node()  # the agent, its other workers, then this rank: the whole node at once
+
+# The rank's own /proc reads. The supervisor's live in supervisor/procfs.py; these few are
+# repeated here so that a training script importing the probe imports nothing of the harness.
+def _own_peak_rss() -> int | None:
+    """This process's peak resident set size in bytes (VmHWM), None where /proc has none."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if entry.isdigit() and int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
 
 
 _EXECUTORS = {"kill": _kill, "kill_node": _kill_node, "preempt": _preempt,

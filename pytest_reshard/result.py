@@ -5,9 +5,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .history import History
-from .supervisor import Scenario
-from .verdict import Verdict, combine
+from pytest_reshard.history import History
+from pytest_reshard.supervisor import Scenario
+from pytest_reshard.verdict import Verdict, combine
 
 
 class ReshardAssertionError(AssertionError):

@@ -69,7 +69,7 @@ def test_unknown_profile_names_the_choices():
 def test_shards_filled_apart_assemble_into_the_full_tensor():
     import torch
 
-    from pytest_reshard.checkpoints import _base_block, _rows, fill
+    from pytest_reshard.checkpoints.factory import _base_block, _rows, fill
 
     base = _base_block()
     full = torch.empty(1000, 3, dtype=torch.bfloat16)
@@ -93,7 +93,7 @@ def test_shards_filled_apart_assemble_into_the_full_tensor():
 def test_row_split_is_torch_chunk(n, world):
     import torch
 
-    from pytest_reshard.checkpoints import _rows
+    from pytest_reshard.checkpoints.factory import _rows
 
     sizes = [len(c) for c in torch.arange(n).chunk(world)]
     sizes += [0] * (world - len(sizes))  # chunk returns fewer pieces; DTensor pads with empties
@@ -116,7 +116,7 @@ def test_70b_profile_saves_at_4_and_reshards_to_3_bit_exact(checkpoint_factory):
 def hybrid(tmp_path_factory, _reshard_checkpoint_launcher):
     """The 27B hybrid profile, tiny: 3-D conv weights, fp32 tensors, 4-row tensors that leave a
     rank of 3 empty; written at 2 ranks, with torch.save's zip CRCs (torch's default)."""
-    from pytest_reshard.checkpoints import CheckpointFactory
+    from pytest_reshard.checkpoints.factory import CheckpointFactory
 
     factory = CheckpointFactory(tmp_path_factory.mktemp("hybrid"), _reshard_checkpoint_launcher,
                                 default_scale=1 / 4096)
@@ -128,7 +128,7 @@ def test_hybrid_profile_reshards_2_to_3_with_empty_shards(hybrid):
 
 
 def test_a_bit_flipped_in_a_loaded_shard_fails_naming_tensor_row_and_rank(hybrid):
-    from pytest_reshard.checkpoints import BitExactError
+    from pytest_reshard.checkpoints.factory import BitExactError
 
     name = "model.layers.3.self_attn.q_proj.weight"
     loaded = hybrid.load(world_size=3, corrupt=name)
@@ -145,7 +145,7 @@ def test_a_byte_corrupted_on_disk_fails_the_check(hybrid, tmp_path):
     import torch
     from torch.distributed.checkpoint import FileSystemReader
 
-    from pytest_reshard.checkpoints import (
+    from pytest_reshard.checkpoints.factory import (
         BitExactError,
         Written,
         _base_block,

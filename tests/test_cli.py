@@ -29,7 +29,7 @@ def test_unknown_suite_and_missing_replay_say_what_to_do(tmp_path):
 
 def test_replay_reruns_a_saved_scenario(tmp_path, toy):
     from pytest_reshard import chaos
-    from pytest_reshard.runner import Session, scenario_from
+    from pytest_reshard.session import Session, scenario_from
 
     sc = scenario_from(toy, world_size=2, steps=6, faults=[chaos.kill(rank=1, at_step=3)])
     with Session(tmp_path / "first") as s:

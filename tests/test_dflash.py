@@ -29,7 +29,7 @@ def test_a_killed_drafter_loses_nothing_and_its_share_moves(reshard_run):
     lone = [r for r in range(3) if h.role(1, r) == "drafter"]
     assert len(lone) == 1 and len(h.samples(1, 6)[lone[0]]) == 12  # the whole batch now
     # what the regression gate records of it: recovery time and checkpoint GB/s
-    from pytest_reshard import gate
+    from pytest_reshard.gate import baseline as gate
 
     m = gate.metrics(h)
     assert 0 < m["recovery"] < 30 and m["save_gbps"] > 0 and m["load_gbps"] > 0

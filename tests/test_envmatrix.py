@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard import ckptcompat, envmatrix, upgrade_gate
-from pytest_reshard.envmatrix import DockerEnv, EnvError, VenvEnv, parse_env
+from pytest_reshard.checkpoints import compat as ckptcompat
+from pytest_reshard.gate import envs as envmatrix
+from pytest_reshard.gate import stacks as upgrade_gate
+from pytest_reshard.gate.envs import DockerEnv, EnvError, VenvEnv, parse_env
 
 
 def test_environment_specs(tmp_path):

@@ -1,8 +1,8 @@
 """The regression gate: expressions, comparisons, and seed 001 (+200 MB per rank) failing it."""
 import pytest
 
-from pytest_reshard import gate
-from pytest_reshard.gate import GateError
+from pytest_reshard.gate import baseline as gate
+from pytest_reshard.gate.baseline import GateError
 
 from .conftest import WORKLOADS
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from pytest_reshard import chaos, processes
+from pytest_reshard import chaos
+from pytest_reshard.supervisor import procfs as processes
 from pytest_reshard.result import ReshardAssertionError
 
 from .conftest import ports_of

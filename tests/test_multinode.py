@@ -15,9 +15,10 @@ import sys
 
 import pytest
 
-from pytest_reshard import chaos, netns
+from pytest_reshard import chaos
+from pytest_reshard.supervisor.launch import netns
 from pytest_reshard.probe import generation_of
-from pytest_reshard.runner import scenario_from
+from pytest_reshard.session import scenario_from
 
 NETNS_MISSING = netns.netns_unavailable()
 

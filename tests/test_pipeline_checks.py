@@ -180,7 +180,7 @@ def test_an_idle_rank_fails_even_in_a_generation_too_short_for_a_rate():
 
 def test_other_topology_for_the_noise_floor_keeps_every_role():
     from pytest_reshard.history import History as H
-    from pytest_reshard.runner import _other_topology
+    from pytest_reshard.session import _other_topology
     from pytest_reshard.supervisor import Scenario
 
     empty = H.from_events([])

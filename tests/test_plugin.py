@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from pytest_reshard import processes
-from pytest_reshard.forkserver import die_with_parent
+from pytest_reshard.supervisor import procfs as processes
+from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 
 from .conftest import WORKLOADS
 
@@ -126,7 +126,7 @@ def test_long(reshard_run):
 
 
 def test_plugin_and_probe_do_not_import_torch():
-    code = ("import sys, pytest_reshard.plugin, pytest_reshard.probe, pytest_reshard.runner; "
+    code = ("import sys, pytest_reshard.plugin, pytest_reshard.probe, pytest_reshard.session; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

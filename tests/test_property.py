@@ -11,9 +11,10 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, seed  # noqa: E402
 
-from pytest_reshard import cli, strategies  # noqa: E402
+from pytest_reshard import cli  # noqa: E402
+from pytest_reshard.schedule import strategies
 from pytest_reshard.result import ReshardAssertionError  # noqa: E402
-from pytest_reshard.runner import Session, scenario_from  # noqa: E402
+from pytest_reshard.session import Session, scenario_from  # noqa: E402
 from pytest_reshard.schedule import Schedule  # noqa: E402
 
 pytestmark = pytest.mark.chaos

@@ -7,8 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_reshard import charts, html_report, png_plots, report
-from pytest_reshard.progress import LiveLine, Status
+from pytest_reshard.reports import charts
+from pytest_reshard.reports import html as html_report
+from pytest_reshard.reports import png as png_plots
+from pytest_reshard.reports import table as report
+from pytest_reshard.reports.progress import LiveLine, Status
 from pytest_reshard.schedule import Fault, Schedule
 from pytest_reshard.supervisor import Scenario
 from pytest_reshard.verdict import Verdict
@@ -203,7 +206,7 @@ def test_live_line_on_a_tty_rewrites_in_place_throttled_and_ends_with_a_newline(
 def test_reports_modules_do_not_import_matplotlib_or_torch_until_drawing():
     import subprocess
 
-    code = ("import sys, pytest_reshard.html_report, pytest_reshard.charts, pytest_reshard.progress; "
+    code = ("import sys, pytest_reshard.reports.html, pytest_reshard.reports.charts, pytest_reshard.reports.progress; "
             "assert 'matplotlib' not in sys.modules and 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=Path(__file__).parent)
 

@@ -33,7 +33,7 @@ def test_bad_faults_say_what_to_fix(make, message):
         make()
 
 
-from pytest_reshard.runner import scenario_from  # noqa: E402
+from pytest_reshard.session import scenario_from  # noqa: E402
 
 
 @pytest.mark.parametrize("faults, message", [

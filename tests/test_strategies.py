@@ -7,7 +7,7 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from pytest_reshard import strategies  # noqa: E402
+from pytest_reshard.schedule import strategies  # noqa: E402
 from pytest_reshard.schedule import STANDARD_PHASES, TERMINAL, validate  # noqa: E402
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None,
@@ -84,14 +84,14 @@ def test_profiles_are_registered_with_hypothesis():
 
 
 def test_plugin_imports_neither_hypothesis_nor_torch():
-    code = ("import sys, pytest_reshard.plugin, pytest_reshard.strategies; "
+    code = ("import sys, pytest_reshard.plugin, pytest_reshard.schedule.strategies; "
             "print(sorted(m for m in ('torch', 'hypothesis') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 PROFILE_TEST = """
-from pytest_reshard import strategies
+from pytest_reshard.schedule import strategies
 def test_p():
     print("ACTIVE", strategies.ACTIVE_PROFILE, strategies.profile().max_examples)
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard import envmatrix
+from pytest_reshard.gate import envs as envmatrix
 
 from .conftest import WORKLOADS
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOY_SUITE = '''
 import os
 import pytest
-from pytest_reshard.upgrade_gate import PLANT_ENV, parse_plant, planted_faults
+from pytest_reshard.gate.stacks import PLANT_ENV, parse_plant, planted_faults
 
 @pytest.mark.reshard(world_size={world_size}, steps=6, timeout=90)
 def test_toy(reshard_run):

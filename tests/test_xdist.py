@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from pytest_reshard import workers
-from pytest_reshard.launchers import free_port
+from pytest_reshard import parallel as workers
+from pytest_reshard.supervisor.launch import free_port
 
 from .conftest import WORKLOADS
 

@@ -3,7 +3,7 @@
     pytest-reshard nightly -- --reshard-nightly --reshard-profile=nightly
 
 Hypothesis draws whole fault schedules (kills, planned reshards, preemptions; valid by
-construction, see ``pytest_reshard.strategies``) and every one must pass every checker. The
+construction, see ``pytest_reshard.schedule.strategies``) and every one must pass every checker. The
 profile sets the budget: ``ci`` (the default) runs 10 derandomized examples, ``nightly`` 50 fresh
 ones and remembers failures in ``.hypothesis/reshard``. A failure is shrunk to a minimal schedule
 and its message ends with ``replay: pytest-reshard replay <artifacts>/<run>/scenario.json``,
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard import strategies
+from pytest_reshard.schedule import strategies
 
 pytestmark = [pytest.mark.nightly, pytest.mark.chaos]
 
@@ -24,7 +24,7 @@ SIZES = (1, 2, 3, 4)  # divide the LM's global batch (12)
 
 @pytest.fixture(scope="module")
 def session(pytestconfig):
-    from pytest_reshard.runner import Session
+    from pytest_reshard.session import Session
 
     root = pytestconfig.getoption("reshard_artifacts") or pytestconfig.getini("reshard_artifacts")
     with Session(Path(root).resolve() / "nightly") as s:
@@ -37,7 +37,7 @@ def test_lm_survives_generated_schedules(session, pytestconfig):
     except ImportError:  # asked for explicitly: a skip here would be a silent green nightly
         pytest.fail("the nightly suite needs hypothesis: pip install 'pytest-reshard[test]'")
 
-    from pytest_reshard.runner import scenario_from
+    from pytest_reshard.session import scenario_from
 
     seed = int(pytestconfig.getoption("reshard_seed") or pytestconfig.getini("reshard_seed"))
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from pytest_reshard import chaos
-from pytest_reshard.upgrade_gate import PLANT_ENV, parse_plant, planted_faults
+from pytest_reshard.gate.stacks import PLANT_ENV, parse_plant, planted_faults
 
 pytestmark = pytest.mark.chaos
 

@@ -18,7 +18,7 @@ mismatch, the pattern also names the first differing row and the rank that held 
 Digests are ``probe.digest`` of each *full* tensor, assembled on rank 0 from every rank's shard
 (point-to-point, one tensor at a time, so memory stays at one tensor).
 
-Run as ``python -m pytest_reshard.checkpoints save|load ...``: that is a rank.
+Run as ``python -m pytest_reshard.checkpoints.factory save|load ...``: that is a rank.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .launchers import ForkLauncher, LocalLauncher, RankSpec
+from pytest_reshard.supervisor.launch import ForkLauncher, LocalLauncher, RankSpec
 
 __all__ = [
     "BitExactError",
@@ -218,7 +218,7 @@ def _run_ranks(args: Sequence[str], world_size: int, workdir: Path, launcher: An
                 LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
                 TORCHELASTIC_USE_AGENT_STORE="True", PYTHONUNBUFFERED="1",
                 RESHARD_SUPERVISOR_PID=str(os.getpid()))  # the leak checks find our ranks
-    specs = [RankSpec(rank=r, argv=["-m", "pytest_reshard.checkpoints", *args, "--out", str(out)],
+    specs = [RankSpec(rank=r, argv=["-m", "pytest_reshard.checkpoints.factory", *args, "--out", str(out)],
                       env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=str(workdir),
                       log=logs / f"{tag}-r{r}.log") for r in range(world_size)]
     gen = launcher.launch(specs)
@@ -253,7 +253,7 @@ def _tail(log: Path, lines: int = 30) -> str:
 
 def fork_launcher() -> ForkLauncher:
     """A warm server with torch's DCP imported: each save or load then costs a fork per rank."""
-    return ForkLauncher(("pytest_reshard.warmup",))
+    return ForkLauncher(("pytest_reshard.supervisor.launch.warmup",))
 
 
 # -- the disk's own figures -------------------------------------------------------------------
@@ -458,7 +458,7 @@ def _locate(full: Any, name: str, world: int, base: Any) -> str:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pytest_reshard.checkpoints",
+    p = argparse.ArgumentParser(prog="python -m pytest_reshard.checkpoints.factory",
                                 description="one rank of a checkpoint save or resharded load")
     p.add_argument("op", choices=("save", "load"))
     p.add_argument("--dir", required=True)

@@ -38,8 +38,8 @@ import math
 from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, NamedTuple
 
-from .history import Detection, Generation, History, Occurrence
-from .verdict import Verdict
+from pytest_reshard.history import Detection, Generation, History, Occurrence
+from pytest_reshard.verdict import Verdict
 
 __all__ = [
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
@@ -649,7 +649,7 @@ def poisoned_commit(history: History) -> Verdict:
     """No step commits in a generation where a fatal ECC error hit one of its ranks during that
     step, before its update: an uncorrectable error makes that step's gradients untrustworthy,
     and nothing in the loss, samples or state shows it afterwards."""
-    from .telemetry import FATAL_XIDS
+    from pytest_reshard.telemetry import FATAL_XIDS
 
     check, replay = "poisoned_commit", history.replay
 

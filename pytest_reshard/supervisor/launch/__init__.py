@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
-from .forkserver import ForkServer, die_with_parent
+from pytest_reshard.supervisor.launch.forkserver import ForkServer, die_with_parent
 
 KILL_WAIT_S = 10.0
 
@@ -54,7 +54,7 @@ def free_port() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
-    from .workers import parse_port_range
+    from pytest_reshard.parallel import parse_port_range
 
     lo, hi = parse_port_range(span)
     global _next_port
@@ -159,7 +159,7 @@ class ForkLauncher:
 
     name = "fork"
 
-    def __init__(self, preload: Sequence[str] = ("pytest_reshard.warmup",)) -> None:
+    def __init__(self, preload: Sequence[str] = ("pytest_reshard.supervisor.launch.warmup",)) -> None:
         self.preload = tuple(preload)
         self._server: ForkServer | None = None
 

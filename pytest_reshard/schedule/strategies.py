@@ -18,7 +18,7 @@ Hypothesis is imported lazily, in the functions, so the plugin can import this m
 the active profile) without importing hypothesis or torch.
 
     from hypothesis import given
-    from pytest_reshard import strategies
+    from pytest_reshard.schedule import strategies
 
     @strategies.profile()                 # the profile chosen with --reshard-profile (ci default)
     @given(strategies.schedules(world_size=4, steps=12, world_sizes=(2, 3, 4)))
@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .schedule import STANDARD_PHASES, TERMINAL, Fault, Schedule, _phase_order
+from pytest_reshard.schedule import STANDARD_PHASES, TERMINAL, Fault, Schedule, _phase_order
 
 if TYPE_CHECKING:  # pragma: no cover
     from hypothesis import settings as Settings
@@ -108,7 +108,7 @@ def _draw_fault(draw: Any, kind: str, step: int, phase: str, size: int,
                 sizes: list[int]) -> Fault:
     from hypothesis import strategies as st
 
-    from . import chaos
+    from pytest_reshard import chaos
 
     if kind in _DEATHS:
         rank = draw(st.integers(0, size - 1))

@@ -47,14 +47,14 @@ def exit_code(status: int) -> int:
 class ForkServer:
     """Client side. ``spawn`` a rank, ``poll`` for exits, ``close`` to end everything."""
 
-    def __init__(self, preload: Sequence[str] = ("pytest_reshard.warmup",), startup_timeout: float = 120.0) -> None:
+    def __init__(self, preload: Sequence[str] = ("pytest_reshard.supervisor.launch.warmup",), startup_timeout: float = 120.0) -> None:
         ours, theirs = socket.socketpair()
         self._sock = ours
         self._buffer = b""
         self._exits: dict[int, int] = {}
         self.preload = tuple(preload)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest_reshard.forkserver", str(theirs.fileno()),
+            [sys.executable, "-m", "pytest_reshard.supervisor.launch.forkserver", str(theirs.fileno()),
              str(os.getpid()), *self.preload],
             pass_fds=[theirs.fileno()], start_new_session=True,
             # One thread per pool: importing torch otherwise starts an OpenMP/OpenBLAS pool,

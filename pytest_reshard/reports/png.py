@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .charts import FAULT_COLOUR, ChartData, colour
+from pytest_reshard.reports.charts import FAULT_COLOUR, ChartData, colour
 
 INSTALL_HINT = "pip install 'pytest-reshard[report]'"
 

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .launchers import ForkLauncher, Generation, LocalLauncher, RankSpec, TorchrunLauncher, free_port
-from . import processes
-from .schedule import Schedule, resolve_target
+from pytest_reshard.supervisor.launch import ForkLauncher, Generation, LocalLauncher, RankSpec, TorchrunLauncher, free_port
+from pytest_reshard.supervisor import procfs as processes
+from pytest_reshard.schedule import Schedule, resolve_target
 
 POLL_S = 0.02
 PLANNED = {"shift_shards": "reshard", "rebalance": "rebalance", "preempt": "preempt",
@@ -120,13 +120,13 @@ def workload_argv(scenario: Scenario) -> tuple[list[str], list[str]]:
     """(argv after the interpreter, modules worth preloading in the fork server)."""
     module = BUNDLED.get(scenario.workload)
     if module:
-        return ["-m", module, "--steps", str(scenario.steps), *scenario.args], ["pytest_reshard.warmup", module]
+        return ["-m", module, "--steps", str(scenario.steps), *scenario.args], ["pytest_reshard.supervisor.launch.warmup", module]
     path = Path(scenario.workload)
     if not path.is_file():
         raise FileNotFoundError(
             f"workload {scenario.workload!r} is neither a bundled workload "
             f"({', '.join(sorted(BUNDLED))}) nor an existing script path")
-    return [str(path.resolve()), *scenario.args], ["pytest_reshard.warmup"]
+    return [str(path.resolve()), *scenario.args], ["pytest_reshard.supervisor.launch.warmup"]
 
 
 class EventTail:
@@ -387,7 +387,7 @@ def make_launcher(name: str, preload: Sequence[str], tail: EventTail, *,
                   scenario: Scenario | None = None,
                   note: Callable[[str, dict[str, Any]], None] | None = None) -> Any:
     if name == "elastic":
-        from .elastic import ElasticLauncher
+        from pytest_reshard.supervisor.launch.elastic import ElasticLauncher
 
         sc = scenario or Scenario(workload="", world_size=1, steps=1)
         return ElasticLauncher(sc.nodes, tail.pids, tail.clean_exit, min_nodes=sc.min_nodes,
@@ -461,7 +461,7 @@ class _Watch:
             self._status(events)
 
     def _status(self, events: list[dict]) -> None:
-        from .progress import Status
+        from pytest_reshard.reports.progress import Status
 
         begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == "begin"]
         if begun:

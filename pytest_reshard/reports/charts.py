@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from .history import History, Occurrence
+from pytest_reshard.history import History, Occurrence
 
 #: Where in a step a phase sits, as a fraction of the step (for placing a fault on the x axis).
 PHASE_AT = {"begin": 0.05, "startup": 0.0, "forward": 0.25, "backward": 0.5, "optimizer": 0.75,

@@ -1,8 +1,8 @@
 """Checkpoint compatibility across stacks: written under the old one, loaded and resharded under
 the new one, and judged by state equivalence (the digests of every component, saved vs loaded).
 
-    python -m pytest_reshard.ckptcompat save DIR   # old stack: the LM at 4 ranks writes a DCP checkpoint
-    python -m pytest_reshard.ckptcompat load DIR   # new stack: the LM resumes from it at 3 ranks
+    python -m pytest_reshard.checkpoints.compat save DIR   # old stack: the LM at 4 ranks writes a DCP checkpoint
+    python -m pytest_reshard.checkpoints.compat load DIR   # new stack: the LM resumes from it at 3 ranks
 
 ``save`` runs the bundled LM for a few steps and keeps its last checkpoint and the digest of the
 state it saved (``DIR/checkpoint/``, ``DIR/saved.json``). ``load`` starts the LM at a different
@@ -10,7 +10,7 @@ world size from that checkpoint, so DCP reshards it on load, lets it train two m
 writes ``DIR/verdict.json``: pass when every component (model, optimizer, step, LR schedule, data
 position, RNG) loaded equal to what the old stack saved and the run finished; fail naming the
 components that differ; never a pass without a load to compare. The ``pytest-reshard gate``
-command runs both (``pytest_reshard.upgrade_gate``).
+command runs both (``pytest_reshard.gate.stacks``).
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ SAVE_STEPS, MORE_STEPS = 6, 2
 
 def _run_lm(run_dir: Path, world_size: int, steps: int, size: str) -> Any:
     """The LM under the supervisor (no reference runs: only its checkpoints matter here)."""
-    from . import checkers
-    from .history import History
-    from .supervisor import Scenario, Supervisor
+    from pytest_reshard import checkers
+    from pytest_reshard.history import History
+    from pytest_reshard.supervisor import Scenario, Supervisor
 
     scenario = Scenario(workload="lm", world_size=world_size, steps=steps, timeout_s=240,
                         args=["--size", size, "--ckpt-every", "3"])
@@ -39,8 +39,8 @@ def _run_lm(run_dir: Path, world_size: int, steps: int, size: str) -> Any:
 
 
 def save(out: Path, size: str = "tiny") -> int:
-    from .fixtures._common import CheckpointStore
-    from .gate import environment
+    from pytest_reshard.fixtures._common import CheckpointStore
+    from pytest_reshard.gate.baseline import environment
 
     run_dir = out / "save-run"
     shutil.rmtree(out, ignore_errors=True)
@@ -88,8 +88,8 @@ def judge(saved: dict[str, Any], loaded: dict[str, str] | None, *, loaded_world:
 
 
 def load(src: Path) -> int:
-    from .fixtures._common import CheckpointStore
-    from .gate import environment
+    from pytest_reshard.fixtures._common import CheckpointStore
+    from pytest_reshard.gate.baseline import environment
 
     saved = json.loads((src / "saved.json").read_text())
     run_dir = src / "load-run"
@@ -107,7 +107,7 @@ def load(src: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_reshard.ckptcompat",
+    parser = argparse.ArgumentParser(prog="python -m pytest_reshard.checkpoints.compat",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("action", choices=("save", "load"))
     parser.add_argument("dir", type=Path)

@@ -3,10 +3,10 @@
     pytest-reshard gate --old venv:torch==2.13.0 --new venv:torch==2.14.1 \\
         --fail "peak_mem:+150MB,step_time:+10%,throughput:-10%"
 
-In each environment (``pytest_reshard.envmatrix``) it runs the suite (default ``upgrade``: the
+In each environment (``pytest_reshard.gate.envs``) it runs the suite (default ``upgrade``: the
 bundled LM under a fixed per-rank memory budget, steady and through a reshard) and saves its
 numbers as a baseline; the old stack also writes a DCP checkpoint at world size 4, which the new
-stack loads at world size 3 (``pytest_reshard.ckptcompat``). Then it prints both stacks side by
+stack loads at world size 3 (``pytest_reshard.checkpoints.compat``). Then it prints both stacks side by
 side and fails (exit 1) when a number passed a limit of ``--fail``, a scenario failed or ran in
 one stack only, or the checkpoint did not load into an equal state. ``--plant`` adds a regression
 to the new stack on purpose (``memory=200MB,step_time=50ms``: every rank holds 200 MB more and
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import gate
-from .envmatrix import Env, EnvError, parse_env
+from pytest_reshard.gate import baseline as gate
+from pytest_reshard.gate.envs import Env, EnvError, parse_env
 
 PLANT_ENV = "RESHARD_GATE_PLANT"
 _PLANT_UNITS = {"memory": {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30},
@@ -107,7 +107,7 @@ def run_gate(old: Env, new: Env, *, suite: str, limits: list[gate.Limit], workdi
         started = time.monotonic()
         out(f"[{stack.label}] suite {suite}" + (f", checkpoint {action}" if checkpoint else "")
             + f" in {stack.env.spec}" + (f" with a planted regression ({plant})" if env else ""))
-        rc = stack.env.run(["-m", "pytest_reshard.upgrade_gate", "stack", stack.label,
+        rc = stack.env.run(["-m", "pytest_reshard.gate.stacks", "stack", stack.label,
                             "--dir", str(workdir), "--suite", suite, "--checkpoint", action,
                             "--timeout", str(timeout_s), "--", *(extra or [])],
                            cwd=here, env=env, log=here / "stack.log", timeout_s=2 * timeout_s + 60)
@@ -146,7 +146,7 @@ def run_stack(label: str, workdir: Path, suite: str, checkpoint: str, extra: lis
     done["suite_seconds"] = round(time.monotonic() - started, 1)
     if checkpoint != "none":
         done["checkpoint_exit"] = _call(
-            [sys.executable, "-m", "pytest_reshard.ckptcompat", checkpoint,
+            [sys.executable, "-m", "pytest_reshard.checkpoints.compat", checkpoint,
              str(workdir / "checkpoint")], here / f"checkpoint-{checkpoint}.log", here, timeout_s)
     (here / "stack.json").write_text(json.dumps(done, indent=2))
     return 0
@@ -227,7 +227,7 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 
 def _stack_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_reshard.upgrade_gate stack")
+    parser = argparse.ArgumentParser(prog="python -m pytest_reshard.gate.stacks stack")
     parser.add_argument("label")
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--suite", required=True)

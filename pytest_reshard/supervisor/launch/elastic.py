@@ -1,7 +1,7 @@
 """Multi-node runs on torch's own elastic machinery: one torchrun agent per node.
 
 Each node is a ``python -m torch.distributed.run --nnodes=MIN:MAX --rdzv-backend=c10d`` agent,
-in a network namespace of its own when the machine allows (``pytest_reshard.netns``), else on
+in a network namespace of its own when the machine allows (``pytest_reshard.supervisor.launch.netns``), else on
 loopback. The agents restart their workers after a failure and meet again at the rendezvous with
 whoever is left, so losing a node scales the world down from MAX towards MIN nodes without the
 harness relaunching anything; the workload then reshards on load, as it would in a cluster.
@@ -19,7 +19,7 @@ What the harness adds, and why:
   launching one. Torch counts a restart for a failure, not for a node joining, so a scale-up
   (membership change) is not a generation of its own here: these scenarios lose nodes.
 
-``python -m pytest_reshard.elastic agent ...`` is the per-node entry point (the barrier, then
+``python -m pytest_reshard.supervisor.launch.elastic agent ...`` is the per-node entry point (the barrier, then
 torchrun's ``main``).
 """
 from __future__ import annotations
@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .forkserver import die_with_parent
-from .launchers import KILL_WAIT_S, RankSpec, _killpg, _running, _wait_until
+from pytest_reshard.supervisor.launch.forkserver import die_with_parent
+from pytest_reshard.supervisor.launch import KILL_WAIT_S, RankSpec, _killpg, _running, _wait_until
 
 __all__ = ["RDZV_CONF", "ElasticLauncher"]
 
@@ -71,7 +71,7 @@ class ElasticLauncher:
 
         from torch.distributed import TCPStore
 
-        from . import netns
+        from pytest_reshard.supervisor.launch import netns
 
         world = len(specs)
         if world % self.nodes:
@@ -97,7 +97,7 @@ class ElasticLauncher:
             env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712
                        GLOO_SOCKET_IFNAME=self.network.ifname, RESHARD_ELASTIC="1",
                        RESHARD_NODE=str(node))
-            cmd = [sys.executable, "-m", "pytest_reshard.elastic", "agent",
+            cmd = [sys.executable, "-m", "pytest_reshard.supervisor.launch.elastic", "agent",
                    "--barrier", f"{endpoint}/{run_id}/{self.nodes}", "--",
                    f"--nnodes={self.min_nodes}:{self.nodes}", f"--nproc-per-node={per_node}",
                    "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
@@ -207,20 +207,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def kill_node() -> None:
-    """Inside a worker: the node goes, all at once: its agent (this worker's parent), every
-    worker the agent started, then this one. Peers see their connections close, as when a
-    machine dies; the namespace (the host's network) stays, empty."""
-    agent = os.getppid()
-    siblings = [p for p in _children(agent) if p != os.getpid()]
-    for pid in (agent, *siblings):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _module_or_script(argv: Sequence[str]) -> list[str]:
     return ["-m", *argv[1:]] if argv[0] == "-m" else list(argv)
 
@@ -229,7 +215,7 @@ def _agent(argv: Sequence[str]) -> int:
     """``agent --barrier HOST:PORT/KEY/N -- TORCHRUN_ARGS...``: wait for the N agents, then run
     torch's own agent."""
     if len(argv) < 3 or argv[0] != "--barrier" or argv[2] != "--":
-        raise SystemExit("usage: python -m pytest_reshard.elastic agent --barrier HOST:PORT/KEY/N "
+        raise SystemExit("usage: python -m pytest_reshard.supervisor.launch.elastic agent --barrier HOST:PORT/KEY/N "
                          "-- TORCHRUN_ARGS...")
     from datetime import timedelta
 
@@ -254,5 +240,5 @@ def _agent(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["agent"]:
-        raise SystemExit("usage: python -m pytest_reshard.elastic agent --barrier ... -- ...")
+        raise SystemExit("usage: python -m pytest_reshard.supervisor.launch.elastic agent --barrier ... -- ...")
     sys.exit(_agent(sys.argv[2:]))

@@ -27,7 +27,7 @@ def started_by(supervisor_pid: int) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == supervisor_pid:
             continue
         cmdline = _read(entry / "cmdline").split(b"\0")
-        ours = ("pytest_reshard.forkserver".encode() in cmdline and me in cmdline) or \
+        ours = ("pytest_reshard.supervisor.launch.forkserver".encode() in cmdline and me in cmdline) or \
             marker in _read(entry / "environ").split(b"\0")
         if ours and not _zombie(entry):
             found.append(int(entry.name))
@@ -61,7 +61,7 @@ def leaked_ranks(supervisor_pid: int) -> list[int]:
     """Our processes other than the session's own warm fork servers (which may stay)."""
     return [p for p in started_by(supervisor_pid)
             if not (parent(p) == supervisor_pid
-                    and b"pytest_reshard.forkserver" in _read(Path(f"/proc/{p}/cmdline")))]
+                    and b"pytest_reshard.supervisor.launch.forkserver" in _read(Path(f"/proc/{p}/cmdline")))]
 
 
 def alive(pid: int) -> bool:

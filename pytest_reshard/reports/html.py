@@ -16,8 +16,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from . import charts, png_plots
-from .history import History
+from pytest_reshard.reports import charts
+from pytest_reshard.reports import png as png_plots
+from pytest_reshard.history import History
 
 PAGE = "report.html"
 INDEX = "index.html"
@@ -142,7 +143,7 @@ is a step that never ended. Hover any mark for details.</p>
 
 def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "reshard verdicts") -> Path:
     """``index.html`` in ``folder``: one line per scenario, linking its report."""
-    from .report import COLUMNS, MARK
+    from pytest_reshard.reports.table import COLUMNS, MARK
 
     folder.mkdir(parents=True, exist_ok=True)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "unknown")}

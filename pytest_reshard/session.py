@@ -17,14 +17,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .history import History
-from .progress import Status
-from .result import Result
-from .verdict import Verdict
-from .schedule import Fault, Schedule, validate
-from .launchers import ForkLauncher
-from .supervisor import BUNDLED_PHASES, Scenario, Supervisor, default_roles, expand_roles, workload_argv
-from . import checkers
+from pytest_reshard.history import History
+from pytest_reshard.reports.progress import Status
+from pytest_reshard.result import Result
+from pytest_reshard.verdict import Verdict
+from pytest_reshard.schedule import Fault, Schedule, validate
+from pytest_reshard.supervisor.launch import ForkLauncher
+from pytest_reshard.supervisor import BUNDLED_PHASES, Scenario, Supervisor, default_roles, expand_roles, workload_argv
+from pytest_reshard import checkers
 
 
 class Session:
@@ -111,7 +111,7 @@ class Session:
     def write_report(self, result: Result) -> Path | None:
         """``report.html`` (and PNG plots) beside the history. A report that cannot be drawn is
         a warning, not a lost verdict."""
-        from . import html_report
+        from pytest_reshard.reports import html as html_report
 
         reference = self.reference(result.scenario, initial_roles(result.scenario))  # cached
         try:
