@@ -19,40 +19,23 @@ Why the definitions are what they are:
 """
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Ev, RunDir, Torn,
+                                     read_jsonl)
+
 __all__ = [
     "History", "HistoryError", "Scenario", "Generation", "Occurrence", "Checkpoint",
-    "FaultFired", "Detection", "Torn", "SUPERVISOR_FILE", "RankMemory",
+    "FaultFired", "Detection", "Torn", "RankMemory",
 ]
-
-SUPERVISOR_FILE = "supervisor.jsonl"
-_RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
-#: Events whose meaning needs a step number.
-_STEP_EVENTS = frozenset({"begin", "point", "end", "record", "error", "fault", "ckpt_save",
-                          "ckpt_load", "resumed"})
-#: Supervisor events (``supervisor.jsonl``); ``detect`` names a rank, the others none.
-_SUPERVISOR_EVENTS = frozenset({"scenario", "gen_start", "gen_end", "detect", "unfired", "abort",
-                                "rss", "nodes"})
 
 Event = Mapping[str, Any]
 
 
 class HistoryError(ValueError):
     """The recorded events cannot be read; the message names the file, line and what to do."""
-
-
-@dataclass(frozen=True)
-class Torn:
-    """A partial last line, left by a rank killed mid-write (tolerated, kept for the report)."""
-
-    file: str
-    line: int
-    text: str
 
 
 @dataclass(frozen=True)
@@ -66,6 +49,9 @@ class Scenario:
     schedule: Mapping[str, Any]
     schedule_hash: str | None
     replay: str | None
+    backend: str = "gloo"
+    launcher: str = "fork"
+    memory_budget_bytes: int | None = None
 
     def fault(self, fault_id: int | None) -> Mapping[str, Any] | None:
         faults = self.schedule.get("faults", [])
@@ -208,20 +194,24 @@ class History:
     @classmethod
     def load(cls, run_dir: str | Path) -> "History":
         """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines."""
-        root = Path(run_dir)
-        events_dir = root / "events" if (root / "events").is_dir() else root
+        root = RunDir(Path(run_dir))
+        events_dir = root.events if root.events.is_dir() else root.root
+        supervisor_file = root.supervisor_events.name
         if not events_dir.is_dir():
-            raise HistoryError(f"{root}: no such run directory; pass the folder the run wrote")
+            raise HistoryError(f"{root.root}: no such run directory; pass the folder the run wrote")
         files = sorted(p for p in events_dir.glob("*.jsonl")
-                       if p.name == SUPERVISOR_FILE or _RANK_FILE.fullmatch(p.name))
+                       if p.name == supervisor_file or RANK_FILE.fullmatch(p.name))
         if not files:
-            raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {SUPERVISOR_FILE}); "
+            raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {supervisor_file}); "
                                "did the run start any rank?")
         events: list[Event] = []
         torn: list[Torn] = []
         for path in files:
-            file_events, file_torn = _read_jsonl(path)
-            m = _RANK_FILE.fullmatch(path.name)
+            try:
+                file_events, file_torn = read_jsonl(path)
+            except ValueError as e:
+                raise HistoryError(str(e)) from None
+            m = RANK_FILE.fullmatch(path.name)
             for lineno, e in file_events:
                 _validate(e, f"{path}:{lineno}")
                 if m:   # a rank file: its name says which generation and rank wrote it
@@ -259,12 +249,15 @@ class History:
     # -- supervisor view --------------------------------------------------------------------
     def _scenario(self) -> Scenario | None:
         for e in self._supervisor:
-            if e["ev"] == "scenario":
+            if e["ev"] == Ev.SCENARIO:
+                budget = e.get("memory_budget_bytes")
                 return Scenario(
                     workload=str(e.get("workload", "")), steps=int(e.get("steps", 0)),
                     world_size=int(e.get("world_size", 0)), seed=int(e.get("seed", 0)),
                     schedule=dict(e.get("schedule") or {}), schedule_hash=e.get("schedule_hash"),
-                    replay=e.get("replay"))
+                    replay=e.get("replay"), backend=str(e.get("backend") or "gloo"),
+                    launcher=str(e.get("launcher") or "fork"),
+                    memory_budget_bytes=None if budget is None else int(budget))
         return None
 
     def _generations(self) -> dict[int, Generation]:
@@ -453,8 +446,7 @@ class History:
     def memory(self) -> dict[int, RankMemory]:
         """Per rank: peak memory and headroom to the budget, over every generation."""
         peaks: dict[int, dict[str, Any]] = {}
-        budget = next((e.get("memory_budget_bytes") for e in self.events if e["ev"] == "scenario"),
-                      None)
+        budget = self.scenario.memory_budget_bytes if self.scenario else None
         for e in self.events:
             if e["ev"] == "rss":
                 m = peaks.setdefault(int(e["rank"]), {})
@@ -474,46 +466,22 @@ class History:
                 for e in self.rank_events("fault")]
 
 
-# -- reading ---------------------------------------------------------------------------------
-def _read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:
-    """(line number, event) pairs; a torn last line is returned separately, a bad one elsewhere raises."""
-    lines = path.read_bytes().split(b"\n")
-    numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
-    events: list[tuple[int, dict[str, Any]]] = []
-    torn: list[Torn] = []
-    for k, (lineno, raw) in enumerate(numbered):
-        try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            if k == len(numbered) - 1:
-                torn.append(Torn(str(path), lineno, raw.decode("utf-8", "replace")[:200]))
-                continue
-            raise HistoryError(f"{path}:{lineno}: not valid JSON ({e}); only the last line of a "
-                               "file may be torn (a rank killed mid-write). The file was edited "
-                               "or two writers shared it.") from None
-        if not isinstance(obj, dict):
-            raise HistoryError(f"{path}:{lineno}: expected a JSON object per line, got "
-                               f"{type(obj).__name__}")
-        events.append((lineno, obj))
-    return events, torn
-
-
 def _validate(e: Event, where: str) -> None:
     ev = e.get("ev")
     if not isinstance(ev, str):
         raise HistoryError(f"{where}: event has no 'ev' kind: {dict(e)!r}")
-    if ev not in _SUPERVISOR_EVENTS:
+    if ev not in SUPERVISOR_EVENTS:
         for key in ("gen", "rank"):
             if not isinstance(e.get(key), int):
                 raise HistoryError(f"{where}: {ev} event needs an integer {key!r}: {dict(e)!r}")
-        if ev in _STEP_EVENTS and not isinstance(e.get("step"), int):
+        if ev in STEP_EVENTS and not isinstance(e.get("step"), int):
             raise HistoryError(f"{where}: {ev} event needs an integer 'step': {dict(e)!r}")
     elif ev in ("gen_start", "gen_end", "detect") and not isinstance(e.get("gen"), int):
         raise HistoryError(f"{where}: supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
 
 
 def _is_supervisor(e: Event) -> bool:
-    return e["ev"] in _SUPERVISOR_EVENTS
+    return e["ev"] in SUPERVISOR_EVENTS
 
 
 def _opt_int(v: Any) -> int | None:

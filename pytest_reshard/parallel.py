@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
+from pytest_reshard.supervisor.launch import parse_port_range
+
 PORT_BASE = 20000          # worker ranges start here ...
 PORT_SPAN = 500            # ... and are this wide (narrower when many workers must fit)
 EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -65,17 +67,6 @@ def port_range(index: int, count: int, *, low_ephemeral: int | None = None,
                            "RESHARD_PORT_RANGE=LO-HI")
     lo = pool[0] + index * span
     return lo, lo + span
-
-
-def parse_port_range(text: str) -> tuple[int, int]:
-    """``"20000-20500"`` -> (20000, 20500); the error says what is expected."""
-    try:
-        lo, hi = (int(x) for x in text.split("-"))
-    except ValueError:
-        raise ValueError(f"RESHARD_PORT_RANGE={text!r}: expected LO-HI, e.g. 20000-20500") from None
-    if not 1024 <= lo < hi <= 65536:
-        raise ValueError(f"RESHARD_PORT_RANGE={text!r}: need 1024 <= LO < HI <= 65536")
-    return lo, hi
 
 
 def gpu_inventory(env: Mapping[str, str] | None = None) -> tuple[list[str] | None, str]:

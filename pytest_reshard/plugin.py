@@ -242,17 +242,16 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
 
     def run(workload: str | None = None, faults: Any = (), **overrides: Any) -> Any:
         nonlocal count
+        from pytest_reshard import workloads
         from pytest_reshard.session import scenario_from
-
-        from pytest_reshard.supervisor import BUNDLED
 
         opts = {**defaults, **overrides}
         workload = workload or opts.pop("workload", None)
         opts.pop("workload", None)
         if workload is None:
             raise pytest.UsageError("reshard_run needs a workload: a script path or one of "
-                                    f"{', '.join(sorted(BUNDLED))}")
-        if workload not in BUNDLED and not os.path.isabs(workload):
+                                    f"{', '.join(workloads.registered())}")
+        if workloads.get(workload) is None and not os.path.isabs(workload):
             candidate = Path(request.node.path).parent / workload
             workload = str(candidate if candidate.exists() else Path(workload).resolve())
         s = state.settings

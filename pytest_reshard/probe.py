@@ -42,16 +42,16 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from pytest_reshard.contract import Env, Ev, RunDir
 
 
 __all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
 
-ENV_DIR = "RESHARD_DIR"
-ENV_GENERATION = "RESHARD_GENERATION"
-ENV_SUPERVISOR_PID = "RESHARD_SUPERVISOR_PID"
-ENV_ELASTIC = "RESHARD_ELASTIC"  # set by the elastic launcher: torchrun agents restart the ranks
+#: How long a rank restarted by elastic agents waits for its generation's plan.
 PLAN_WAIT_S = 60.0
+#: The heartbeat period: a rank silent for the supervisor's ``hang_s`` is suspect.
 HEARTBEAT_S = 0.1
 # Exit code of a rank that ends itself because its supervisor vanished.
 ORPHAN_EXIT = 70
@@ -155,7 +155,7 @@ class Run:
     def __init__(self, env: Mapping[str, str] | None = None, *, max_rewind_steps: int | None = None,
                  role: str | None = None) -> None:
         env = os.environ if env is None else env
-        self.active = ENV_DIR in env
+        self.active = Env.DIR in env
         self.rank = int(env.get("RANK", 0))
         self.world_size = int(env.get("WORLD_SIZE", 1))
         self.generation = generation_of(env)
@@ -172,9 +172,9 @@ class Run:
         self._fd = -1
         if not self.active:
             return
-        root = Path(env[ENV_DIR])
-        self.workdir = root / "work"
-        plan = _read_plan(root / f"plan-g{self.generation}.json", elastic=env.get(ENV_ELASTIC) == "1")
+        run_dir = RunDir(Path(env[Env.DIR]))
+        self.workdir = run_dir.work
+        plan = _read_plan(run_dir.plan(self.generation), elastic=env.get(Env.ELASTIC) == "1")
         self.seed = int(plan["seed"])
         self.roles = tuple(plan["roles"])
         self.role = role or self.roles[self.rank]
@@ -184,18 +184,18 @@ class Run:
         self.device_map = plan.get("device_map")
         for fault in plan["faults"]:
             if self.rank in fault["ranks"]:
+                _executor(fault)  # imported now, so that firing at the point costs nothing
                 self._faults.setdefault((fault["step"], fault["phase"]), []).append(fault)
-        events = root / "events"
-        self._fd = os.open(events / f"g{self.generation}-r{self.rank}.jsonl",
+        self._fd = os.open(run_dir.rank_events(self.generation, self.rank),
                            os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._heartbeat_path = events / f"g{self.generation}-r{self.rank}.hb"
+        self._heartbeat_path = run_dir.heartbeat(self.generation, self.rank)
         self._heartbeat_path.touch()
-        supervisor = int(env.get(ENV_SUPERVISOR_PID, 0))
+        supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
         threading.Thread(target=self._beat, args=(supervisor,), name="reshard-heartbeat",
                          daemon=True).start()
         if threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._emit("start", world_size=self.world_size, role=self.role, pid=os.getpid(),
+        self._emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
 
     # -- recording -------------------------------------------------------------------------
@@ -293,7 +293,7 @@ class Run:
             if not fault.get("repeat"):
                 self._emit("fault", step=step, phase=phase, kind=fault["kind"], id=fault["id"],
                            params=fault["params"])
-            _EXECUTORS[fault["kind"]](self, fault)
+            _executor(fault)(self, fault)
 
     def _beat(self, supervisor: int) -> None:
         path = self._heartbeat_path
@@ -322,81 +322,37 @@ def _number(x: float) -> str:
     return repr(x) if x == x and x not in (float("inf"), float("-inf")) else json.dumps(x)
 
 
-# Each executor runs inside the rank at the exact fault point. The supervisor sees the `fault`
-# event just written and enforces what must come from outside (deadlines, SIGKILL after grace).
-def _kill(run: Run, fault: Mapping[str, Any]) -> None:
-    os.kill(os.getpid(), signal.SIGKILL)
+# Each fault's executor runs inside the rank at the exact fault point; the plan names it as
+# "module:function" (a kind's declaration in pytest_reshard.chaos, or a user's), with the file to
+# load it from when its module is not importable here. The supervisor sees the `fault` event
+# written just before and enforces what must come from outside (deadlines, SIGKILL after grace).
+_EXECUTORS: dict[str, Callable[[Run, Mapping[str, Any]], None]] = {}
 
 
-def _preempt(run: Run, fault: Mapping[str, Any]) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+def _executor(fault: Mapping[str, Any]) -> Callable[[Run, Mapping[str, Any]], None]:
+    name = fault.get("execute") or f"pytest_reshard.chaos.{fault['kind']}:execute"
+    fn = _EXECUTORS.get(name)
+    if fn is None:
+        import importlib
+        import importlib.util
 
-
-def _shift_shards(run: Run, fault: Mapping[str, Any]) -> None:
-    params = fault["params"]
-    size = int(params.get("to_world_size", run.world_size))  # a rebalance keeps the size
-    run._notice = ReshardNotice(size, time.time() + float(params["notice_s"]), fault["kind"])
-    run._emit("notice", kind=fault["kind"], to_world_size=size, deadline=run._notice.deadline)
-
-
-def _hang(run: Run, fault: Mapping[str, Any]) -> None:
-    if fault["params"].get("mode") == "block":
-        threading.Event().wait()  # wedged in the phase, heartbeat still beating
-    os.kill(os.getpid(), signal.SIGSTOP)
-
-
-CUDA_ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
-
-
-def _ecc_error(run: Run, fault: Mapping[str, Any]) -> None:
-    params = fault["params"]
-    if params.get("layer", "telemetry") == "compute":
-        raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
-                            f"Xid {params.get('xid') or 48})")
-    from pytest_reshard import telemetry
-
-    telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))
-
-
-def _crash_silently(run: Run, fault: Mapping[str, Any]) -> None:
-    os._exit(0)  # no traceback, no exit event, exit code 0: the silent drafter death of seed 001
-
-
-def _slow_rank(run: Run, fault: Mapping[str, Any]) -> None:
-    params = fault["params"]
-    time.sleep(float(params["delay_ms"]) / 1000)
-    left = int(params.get("steps", 1)) - 1
-    if left > 0:  # the straggler stays slow: the same point of the next step, silently
-        again = {**fault, "step": fault["step"] + 1, "repeat": True,
-                 "params": {**params, "steps": left}}
-        run._faults.setdefault((again["step"], fault["phase"]), []).append(again)
-
-
-def _memory_pressure(run: Run, fault: Mapping[str, Any]) -> None:
-    """Hold ``bytes`` more for the rest of the generation: CUDA memory when the rank uses a GPU,
-    else resident host memory (every page written, so it really counts in RSS)."""
-    size = int(fault["params"]["bytes"])
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        run._ballast.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-        return
-    ballast = bytearray(size)
-    ballast[::4096] = b"\x01" * len(range(0, size, 4096))
-    run._ballast.append(ballast)
-
-
-def _kill_node(run: Run, fault: Mapping[str, Any]) -> None:
-    """The node goes, all at once: its torchrun agent (this rank's parent), every worker the
-    agent started, then this rank. Peers see their connections close, as when a machine dies."""
-    if os.environ.get(ENV_ELASTIC) != "1":
-        raise InjectedFault("kill_node needs ranks under elastic agents (launcher='elastic')")
-    agent = os.getppid()
-    for pid in (agent, *(p for p in _children(agent) if p != os.getpid())):
+        module_name, _, attr = name.partition(":")
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.kill(os.getpid(), signal.SIGKILL)
+            module = importlib.import_module(module_name)
+        except ImportError:
+            path = fault.get("execute_file")
+            if not path:
+                raise
+            spec = importlib.util.spec_from_file_location(f"_reshard_fault_{fault['kind']}", path)
+            if spec is None or spec.loader is None:
+                raise
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        fn = module
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+        _EXECUTORS[name] = fn
+    return fn
 
 
 # The rank's own /proc reads. The supervisor's live in supervisor/procfs.py; these few are
@@ -423,7 +379,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (a node's workers, for kill_node)."""
     out = []
     for entry in os.listdir("/proc"):
         try:
@@ -435,19 +392,14 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-_EXECUTORS = {"kill": _kill, "kill_node": _kill_node, "preempt": _preempt,
-              "shift_shards": _shift_shards, "hang": _hang,
-              "rebalance": _shift_shards, "ecc_error": _ecc_error, "crash_silently": _crash_silently,
-              "slow_rank": _slow_rank, "memory_pressure": _memory_pressure}
-
 _RUN: Run | None = None
 
 
 def generation_of(env: Mapping[str, str]) -> int:
     """The generation a rank belongs to: the launcher's, plus torch's restart count when elastic
     agents restart the ranks on their own (each restart is a new rendezvous round)."""
-    gen = int(env.get(ENV_GENERATION, 0))
-    if env.get(ENV_ELASTIC) == "1":
+    gen = int(env.get(Env.GENERATION, 0))
+    if env.get(Env.ELASTIC) == "1":
         gen += int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
     return gen
 

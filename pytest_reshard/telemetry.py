@@ -81,14 +81,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pytest_reshard.contract import Env
+
 __all__ = [
     "HealthSnapshot", "HealthError", "DeviceHealth", "inject_ecc", "injected_path", "changes",
     "fatal", "is_ecc_error", "XID", "FATAL_XIDS", "ECC_ERROR_TEXT", "Sample", "Telemetry",
     "sample", "allocator_fragmentation", "record_allocator",
 ]
 
-ENV_DIR = "RESHARD_DIR"
-ENV_GENERATION = "RESHARD_GENERATION"
 TELEMETRY_DIR = "telemetry"
 
 #: What the Xids a health monitor acts on mean (NVIDIA's Xid catalog).
@@ -383,8 +383,8 @@ class DeviceHealth:
         env = os.environ if env is None else env
         local_rank = int(env.get("LOCAL_RANK", 0))
         injected = None
-        if env.get(ENV_DIR):
-            injected = injected_path(env[ENV_DIR], int(env.get(ENV_GENERATION, 0)),
+        if env.get(Env.DIR):
+            injected = injected_path(env[Env.DIR], int(env.get(Env.GENERATION, 0)),
                                      int(env.get("RANK", 0)))
         return cls(device=_nvml_device(env, local_rank), injected=injected, use_nvml=use_nvml,
                    label=str(local_rank))

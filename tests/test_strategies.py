@@ -8,7 +8,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
 from pytest_reshard.schedule import strategies  # noqa: E402
-from pytest_reshard.schedule import STANDARD_PHASES, TERMINAL, validate  # noqa: E402
+from pytest_reshard.schedule import STANDARD_PHASES, validate  # noqa: E402
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -20,7 +20,7 @@ def workloads(draw):
     world = draw(st.integers(1, 8))
     steps = draw(st.integers(1, 30))
     min_world = draw(st.integers(1, world))
-    kinds = draw(st.lists(st.sampled_from(strategies.KINDS), min_size=1, unique=True))
+    kinds = draw(st.lists(st.sampled_from(strategies.drawable()), min_size=1, unique=True))
     phases = draw(st.lists(st.sampled_from(STANDARD_PHASES + ("mine",)), min_size=1, unique=True))
     return dict(world_size=world, steps=steps, kinds=tuple(kinds), max_faults=draw(st.integers(0, 6)),
                 min_world_size=min_world, phases=tuple(phases))
@@ -41,7 +41,7 @@ def test_every_generated_schedule_passes_validate(data):
             assert size >= 2  # never the only rank
         if f.target.startswith("rank:"):
             assert int(f.target[5:]) < size
-        if f.kind in TERMINAL:
+        if f.terminal:
             terminal_steps.append(f.step)
         size = f.params.get("to_world_size", size)
         assert size >= kw["min_world_size"]

@@ -33,7 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_reshard.supervisor.launch import ForkLauncher, LocalLauncher, RankSpec
+from pytest_reshard.supervisor.launch import RankSpec
+from pytest_reshard.supervisor.launch.fork import ForkLauncher
+from pytest_reshard.supervisor.launch.local import LocalLauncher
+from pytest_reshard.workloads import WARMUP
 
 __all__ = [
     "BitExactError",
@@ -253,7 +256,7 @@ def _tail(log: Path, lines: int = 30) -> str:
 
 def fork_launcher() -> ForkLauncher:
     """A warm server with torch's DCP imported: each save or load then costs a fork per rank."""
-    return ForkLauncher(("pytest_reshard.supervisor.launch.warmup",))
+    return ForkLauncher((WARMUP,))
 
 
 # -- the disk's own figures -------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 A schedule is a seed plus a list of faults. Each fault is ``(kind, target, when, params)``:
 
-- ``kind``: what happens (``"kill"``, ``"preempt"``, ``"shift_shards"``, ...).
+- ``kind``: what happens (``"kill"``, ``"preempt"``, ``"shift_shards"``, ...): a registered
+  ``FaultKind`` (``pytest_reshard.schedule.kinds``), which says what the kind does.
 - ``target``: which ranks, as a string: ``"all"``, ``"one"``, ``"minority"``, ``"rank:2"``,
   ``"role:drafter"`` (every drafter), ``"role:drafter:one"`` (one of them). ``"one"``,
   ``"minority"`` and ``":one"`` are drawn from the seed when the generation
@@ -24,9 +25,6 @@ from typing import Any, Mapping, Sequence
 #: "begin" and "end" are implicit: the probe passes them at the edges of every step.
 STANDARD_PHASES = ("begin", "data", "forward", "backward", "optimizer", "checkpoint",
                    "checkpoint_commit", "end")
-#: Faults after which the targeted ranks do not go on with the generation.
-TERMINAL = ("kill", "kill_node", "crash_silently", "hang", "preempt", "shift_shards", "rebalance")
-
 _SELECTORS = ("all", "one", "minority")
 
 
@@ -80,6 +78,13 @@ class Fault:
                        data.get("params", {}))
         except KeyError as e:
             raise ScheduleError(f"fault {dict(data)!r} lacks field {e.args[0]!r}") from None
+
+    @property
+    def terminal(self) -> bool:
+        """The targeted ranks do not go on with the generation (its kind's ``Ending``)."""
+        from pytest_reshard.schedule import kinds
+
+        return kinds.ending_of(self.kind, self.params).terminal
 
     def describe(self) -> str:
         extra = "".join(f" {k}={v:g}" if isinstance(v, float) else f" {k}={v}"
@@ -142,18 +147,29 @@ def resolve_target(target: str, world_size: int, roles: Sequence[str], seed: int
 
 
 def validate(schedule: Schedule, *, world_size: int, steps: int,
-             phases: Sequence[str] = ()) -> None:
+             phases: Sequence[str] = (), options: Mapping[str, Any] | None = None) -> None:
     """Reject a schedule that cannot mean what its author wants, before any process starts.
 
-    Checks each fault against the world size in effect at its step (earlier reshards change it),
-    the run's length, the known phases (``STANDARD_PHASES`` plus ``phases``), faults that would
-    kill every rank, and two terminal faults at one point.
+    Checks each fault's kind is registered and what it requires of the scenario's ``options``
+    (``launcher``, ``nodes``, ...), the world size in effect at its step (earlier reshards change
+    it), the run's length, the known phases (``STANDARD_PHASES`` plus ``phases``), faults that
+    would kill every rank, and two terminal faults at one point.
     """
+    from pytest_reshard.schedule import kinds
+
     known = set(STANDARD_PHASES) | set(phases)
     size = world_size
     seen: dict[tuple[int, str], Fault] = {}
     for fault in sorted(schedule.faults, key=lambda f: (f.step, _phase_order(f.phase))):
         where = fault.describe()
+        try:
+            kind = kinds.get(fault.kind)
+        except KeyError as e:
+            raise ScheduleError(f"{where}: {e.args[0]}") from None
+        needs = kind.requires(dict(options or {})) if kind.requires else None
+        if needs:
+            raise ScheduleError(f"{where}: {needs}")
+        ending = kind.ending_of(fault.params)
         if fault.step >= steps:
             raise ScheduleError(f"{where}: the run has steps 0..{steps - 1}; raise steps or "
                                 f"move the fault")
@@ -165,10 +181,10 @@ def validate(schedule: Schedule, *, world_size: int, steps: int,
         if key == "rank" and int(value) >= size:
             raise ScheduleError(f"{where}: rank {value} does not exist at step {fault.step}, "
                                 f"where the world size is {size}")
-        if fault.kind in ("kill", "crash_silently", "hang") and fault.target == "all" and size > 1:
+        if ending in (kinds.Ending.DEATH, kinds.Ending.HANG) and fault.target == "all" and size > 1:
             raise ScheduleError(f"{where}: that takes down every rank, so nobody is left to "
                                 f"recover; target one rank or 'minority' (or use preempt)")
-        if fault.kind in TERMINAL:
+        if ending.terminal:
             other = seen.get((fault.step, fault.phase))
             if other is not None:
                 raise ScheduleError(f"{where} conflicts with {other.describe()}: two faults that "

@@ -6,7 +6,7 @@ Every schedule drawn here is valid by construction for the workload it is drawn 
 - the world size in effect at each step is tracked (``shift_shards`` changes it; never below
   ``min_world_size``, never outside ``world_sizes``), and every ``rank:N`` target exists there;
 - steps lie in ``0..steps-1``, phases are the ones the workload marks;
-- faults come in (step, phase) order, and terminal faults (:data:`schedule.TERMINAL`) sit at
+- faults come in (step, phase) order, and terminal faults (``Fault.terminal``) sit at
   distinct *steps* (stricter than validate's one per point: a generation then ends at most once
   per step, so a correct workload never sees a planned and an unplanned end in one step);
 - no fault takes down every rank (unplanned deaths target one rank, and only at world size >= 2).
@@ -29,17 +29,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pytest_reshard.schedule import STANDARD_PHASES, TERMINAL, Fault, Schedule, _phase_order
+from pytest_reshard.schedule import STANDARD_PHASES, Fault, Schedule, _phase_order
+from pytest_reshard.schedule import kinds as _kinds
 
 if TYPE_CHECKING:  # pragma: no cover
     from hypothesis import settings as Settings
     from hypothesis.strategies import SearchStrategy
 
-#: Kinds the strategies can draw. Unplanned deaths pick one rank; planned events hit all.
-KINDS = ("kill", "shift_shards", "preempt", "rebalance", "hang", "crash_silently", "slow_rank",
-         "memory_pressure")
-#: Faults that take their target down unplanned: never drawn at world size 1.
-_DEATHS = ("kill", "hang", "crash_silently")
 PROFILES = ("ci", "nightly")
 #: The profile in use when ``profile()`` is called without a name; the plugin sets it from
 #: ``--reshard-profile`` / ``RESHARD_PROFILE`` / ini ``reshard_profile``.
@@ -92,12 +88,18 @@ def _sizes(world_size: int, min_world_size: int, world_sizes: Sequence[int] | No
     return sizes
 
 
+def drawable() -> list[str]:
+    """The registered kinds Hypothesis can draw (their declaration has ``draw``)."""
+    return [k for k in _kinds.registered() if _kinds.get(k).draw is not None]
+
+
 def _check(world_size: int, steps: int, kinds: Sequence[str], phases: Sequence[str]) -> list[str]:
     if world_size < 1 or steps < 1:
         raise ValueError(f"world_size and steps must be >= 1, got {world_size}, {steps}")
-    unknown = [k for k in kinds if k not in KINDS]
+    known = drawable()
+    unknown = [k for k in kinds if k not in known]
     if unknown or not kinds:
-        raise ValueError(f"kinds {unknown or kinds!r}: choose from {', '.join(KINDS)}")
+        raise ValueError(f"kinds {unknown or kinds!r}: choose from {', '.join(known)}")
     if not phases:
         raise ValueError("phases must name at least one phase the workload marks")
     # (step, phase) points are linearised in validate's order, so "after" means the same there.
@@ -106,39 +108,15 @@ def _check(world_size: int, steps: int, kinds: Sequence[str], phases: Sequence[s
 
 def _draw_fault(draw: Any, kind: str, step: int, phase: str, size: int,
                 sizes: list[int]) -> Fault:
-    from hypothesis import strategies as st
-
-    from pytest_reshard import chaos
-
-    if kind in _DEATHS:
-        rank = draw(st.integers(0, size - 1))
-        if kind == "kill":
-            return chaos.kill(rank=rank, at_step=step, phase=phase)
-        if kind == "hang":
-            return chaos.hang(rank=rank, at_step=step, phase=phase)
-        return chaos.crash_silently(rank=rank, at_step=step, phase=phase)
-    if kind == "shift_shards":
-        return chaos.shift_shards(to_world_size=draw(st.sampled_from(sizes)), at_step=step,
-                                  phase=phase, notice_s=NOTICE_S)
-    if kind == "preempt":
-        return chaos.preempt(at_step=step, phase=phase, grace_s=NOTICE_S)
-    if kind == "rebalance":
-        return chaos.rebalance(fraction=draw(st.sampled_from((0.5, 1.0))), at_step=step,
-                               phase=phase, notice_s=NOTICE_S)
-    if kind == "slow_rank":
-        return chaos.slow_rank(rank=draw(st.integers(0, size - 1)), at_step=step, phase=phase,
-                               delay_ms=float(draw(st.integers(1, 50))),
-                               steps=draw(st.integers(1, 2)))
-    return chaos.memory_pressure(rank=draw(st.integers(0, size - 1)), at_step=step, phase=phase,
-                                 bytes=draw(st.integers(1, 16)) << 20)
+    """One fault of ``kind``, drawn as its declaration says."""
+    declared = _kinds.get(kind)
+    assert declared.draw is not None
+    return declared.draw(draw, _kinds.DrawContext(step, phase, size, sizes, NOTICE_S))
 
 
 def _allowed(kind: str, size: int) -> bool:
-    if kind in _DEATHS:
-        return size >= 2
-    if kind == "rebalance":
-        return size >= 2
-    return True
+    """Drawn only where it leaves a survivor (a death at world size 1 would end the run)."""
+    return size >= _kinds.get(kind).min_world_size
 
 
 def faults(world_size: int, steps: int, *, kinds: Sequence[str] = ("kill", "shift_shards", "preempt"),
@@ -186,7 +164,7 @@ def schedules(world_size: int, steps: int, *,
             pos += draw(st.integers(0, last - 1 - pos))  # a gap: shrinks toward adjacent faults
             step, phase = divmod(pos, n_phases)
             out.append(_draw_fault(draw, kind, step, ordered[phase], size, sizes))
-            if kind in TERMINAL:
+            if out[-1].terminal:
                 pos = (step + 1) * n_phases  # the next terminal fault goes to a later step
             size = int(out[-1].params.get("to_world_size") or size)
         if len(out) < min_faults:  # ran out of room: only when steps are too few for min_faults

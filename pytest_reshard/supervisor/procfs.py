@@ -1,14 +1,22 @@
-"""Find processes a supervisor started, and listening ports: the "nothing leaks" guarantee.
+"""The supervisor's view of processes through /proc: state, parent, children, memory, and the
+processes it started (the "nothing leaks" guarantee).
 
 A rank is ours if its environment names our supervisor pid (cold and torchrun launches) or if it
 is a fork server started by us, or forked from one (forked ranks keep the server's command line).
-Linux only (reads /proc); elsewhere the lists are empty.
+Linux only (reads /proc); elsewhere the lists are empty. (A rank's probe makes its own three
+reads of /proc, so that a training script imports nothing of the harness.)
 """
 from __future__ import annotations
 
 import os
+import signal
 
 from pathlib import Path
+
+from pytest_reshard.contract import Env
+
+#: What the fork server's command line contains (forked ranks keep it).
+FORKSERVER_MODULE = b"pytest_reshard.supervisor.launch.forkserver"
 
 
 def _read(path: Path) -> bytes:
@@ -21,22 +29,52 @@ def _read(path: Path) -> bytes:
 def started_by(supervisor_pid: int) -> list[int]:
     """Live (non-zombie) processes started, directly or not, by the supervisor in that pid."""
     me = str(supervisor_pid).encode()
-    marker = b"RESHARD_SUPERVISOR_PID=" + me
+    marker = Env.SUPERVISOR_PID.encode() + b"=" + me
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == supervisor_pid:
             continue
         cmdline = _read(entry / "cmdline").split(b"\0")
-        ours = ("pytest_reshard.supervisor.launch.forkserver".encode() in cmdline and me in cmdline) or \
+        ours = (FORKSERVER_MODULE in cmdline and me in cmdline) or \
             marker in _read(entry / "environ").split(b"\0")
-        if ours and not _zombie(entry):
+        if ours and state(int(entry.name)) not in (None, "Z"):
             found.append(int(entry.name))
     return sorted(found)
 
 
-def _zombie(entry: Path) -> bool:
-    stat = _read(entry / "stat")
-    return b")" in stat and stat.rsplit(b")", 1)[1].split()[:1] == [b"Z"]
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state first), [] if it is gone."""
+    stat = _read(Path(f"/proc/{pid}/stat"))
+    return stat.rsplit(b")", 1)[1].split() if b")" in stat else []
+
+
+def state(pid: int | None) -> str | None:
+    """The kernel's one-letter state (R, S, D, T, t, Z, ...), None if there is no such process."""
+    fields = _stat(pid) if pid is not None else []
+    return fields[0].decode() if fields else None
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    return state(pid) not in (None, "Z")
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``."""
+    return [int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and parent(int(e.name)) == pid]
+
+
+def killpg(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group ``pid`` leads (every rank runs in a session of its own, so this
+    reaches its data-loader workers too), else the process alone; gone already is fine."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def listening(port: int) -> bool:
@@ -50,18 +88,15 @@ def listening(port: int) -> bool:
 
 
 def parent(pid: int) -> int | None:
-    stat = _read(Path(f"/proc/{pid}/stat"))
-    try:
-        return int(stat.rsplit(b")", 1)[1].split()[1])
-    except (IndexError, ValueError):
-        return None
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else None
 
 
 def leaked_ranks(supervisor_pid: int) -> list[int]:
     """Our processes other than the session's own warm fork servers (which may stay)."""
     return [p for p in started_by(supervisor_pid)
             if not (parent(p) == supervisor_pid
-                    and b"pytest_reshard.supervisor.launch.forkserver" in _read(Path(f"/proc/{p}/cmdline")))]
+                    and FORKSERVER_MODULE in _read(Path(f"/proc/{p}/cmdline")))]
 
 
 def alive(pid: int) -> bool:
@@ -79,10 +114,7 @@ def alive(pid: int) -> bool:
 
 def stopped(pid: int | None) -> bool:
     """True if the process is stopped by a signal (SIGSTOP/SIGTSTP) or traced."""
-    if pid is None:
-        return False
-    stat = _read(Path(f"/proc/{pid}/stat"))
-    return b")" in stat and stat.rsplit(b")", 1)[1].split()[:1] in ([b"T"], [b"t"])
+    return state(pid) in ("T", "t")
 
 
 def peak_rss(pid: int) -> int | None:

@@ -32,8 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pytest_reshard.contract import Env
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, Generation, LaunchContext, RankSpec,
+                                              module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
-from pytest_reshard.supervisor.launch import KILL_WAIT_S, RankSpec, _killpg, _running, _wait_until
+from pytest_reshard.supervisor.procfs import children, killpg, running
 
 __all__ = ["RDZV_CONF", "ElasticLauncher"]
 
@@ -51,6 +54,15 @@ class ElasticLauncher:
     """``nodes`` torchrun agents of ``world_size / nodes`` workers each, min ``min_nodes``."""
 
     name = "elastic"
+    own_rendezvous = True
+    references_on = "fork"  # a clean run needs no agents
+
+    @classmethod
+    def from_context(cls, ctx: LaunchContext) -> "ElasticLauncher":
+        sc = ctx.scenario
+        return cls(sc.nodes if sc else 1, ctx.pid_of, ctx.clean_exit,
+                   min_nodes=sc.min_nodes if sc else 1, network=sc.network if sc else "auto",
+                   note=ctx.note)
 
     def __init__(self, nodes: int, pid_of: Callable[[int], dict[int, int]],
                  clean_exit: Callable[[int, int], bool], *, min_nodes: int = 1,
@@ -86,7 +98,7 @@ class ElasticLauncher:
                                    "namespaces": self.network.namespaces,
                                    "note": self.network.note})
         first = specs[0]
-        gen = int(first.env["RESHARD_GENERATION"])
+        gen = int(first.env[Env.GENERATION])
         self._launches += 1
         run_id = f"{first.env.get('TORCHELASTIC_RUN_ID', 'reshard')}-l{self._launches}"
         endpoint = f"{self.network.head}:{self._store.port}"
@@ -95,7 +107,7 @@ class ElasticLauncher:
         for node in range(self.nodes):
             env = {k: v for k, v in first.env.items() if k not in _UNSET_FOR_AGENTS}
             env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712
-                       GLOO_SOCKET_IFNAME=self.network.ifname, RESHARD_ELASTIC="1",
+                       GLOO_SOCKET_IFNAME=self.network.ifname, **{Env.ELASTIC: "1"},
                        RESHARD_NODE=str(node))
             cmd = [sys.executable, "-m", "pytest_reshard.supervisor.launch.elastic", "agent",
                    "--barrier", f"{endpoint}/{run_id}/{self.nodes}", "--",
@@ -103,7 +115,7 @@ class ElasticLauncher:
                    "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}",
                    f"--rdzv-conf={RDZV_CONF}", f"--local-addr={self.network.hosts[node]}",
                    f"--max-restarts={self.max_restarts}", "--monitor-interval=0.1",
-                   *_module_or_script(first.argv)]
+                   *module_or_script(first.argv)]
             enter = self.network.preexec(node)
 
             def setup(enter: Callable[[], None] | None = enter) -> None:
@@ -123,7 +135,7 @@ class ElasticLauncher:
             self.network = None
 
 
-class ElasticGeneration:
+class ElasticGeneration(Generation):
     """The agents of one launch, seen through one generation (one rendezvous round) at a time."""
 
     def __init__(self, launcher: ElasticLauncher, agents: list[subprocess.Popen], gen: int,
@@ -147,7 +159,7 @@ class ElasticGeneration:
         codes: dict[int, int | None] = {}
         for rank in range(self.world_size):
             pid = pids.get(rank)
-            if (pid is not None and _running(pid)) or (pid is None and agents_alive):
+            if (pid is not None and running(pid)) or (pid is None and agents_alive):
                 codes[rank] = None
             else:
                 codes[rank] = 0 if self._launcher._clean_exit(self.gen, rank) else -signal.SIGKILL
@@ -156,19 +168,19 @@ class ElasticGeneration:
     def signal(self, rank: int, sig: int) -> None:
         pid = self.pids().get(rank)
         if pid is not None:
-            _killpg(pid, sig)
+            killpg(pid, sig)
 
     def kill(self) -> None:
         """End the whole launch: every agent and every worker it started."""
         self.pids()
         for agent in self._agents:
-            self._seen.update(_children(agent.pid))
-            _killpg(agent.pid)
+            self._seen.update(children(agent.pid))
+            killpg(agent.pid)
         for pid in self._seen:
-            _killpg(pid)
+            killpg(pid)
         for agent in self._agents:
             agent.wait(timeout=KILL_WAIT_S)
-        _wait_until(lambda: not any(_running(p) for p in self._seen), KILL_WAIT_S,
+        wait_until(lambda: not any(running(p) for p in self._seen), KILL_WAIT_S,
                     "an elastic worker")
 
     # -- elastic -------------------------------------------------------------------------------
@@ -187,28 +199,6 @@ class ElasticGeneration:
         nxt = ElasticGeneration(self._launcher, self._agents, gen, world_size, self.per_node)
         nxt._seen = self._seen
         return nxt
-
-    def describe_nodes(self) -> list[dict[str, Any]]:
-        net = self._launcher.network
-        return [{"node": i, "agent_pid": a.pid, "host": net.hosts[i] if net else None,
-                 "alive": a.poll() is None} for i, a in enumerate(self._agents)]
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                pass
-    return out
-
-
-def _module_or_script(argv: Sequence[str]) -> list[str]:
-    return ["-m", *argv[1:]] if argv[0] == "-m" else list(argv)
 
 
 def _agent(argv: Sequence[str]) -> int:

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from pytest_reshard.supervisor.procfs import killpg
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -47,7 +49,8 @@ def exit_code(status: int) -> int:
 class ForkServer:
     """Client side. ``spawn`` a rank, ``poll`` for exits, ``close`` to end everything."""
 
-    def __init__(self, preload: Sequence[str] = ("pytest_reshard.supervisor.launch.warmup",), startup_timeout: float = 120.0) -> None:
+    def __init__(self, preload: Sequence[str] = ("pytest_reshard.supervisor.launch.warmup",),
+                 startup_timeout: float = 120.0) -> None:
         ours, theirs = socket.socketpair()
         self._sock = ours
         self._buffer = b""
@@ -189,7 +192,7 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
             chunk = sock.recv(1 << 16)
             if not chunk:  # client gone: take the ranks with us
                 for pid in children:
-                    _killpg(pid)
+                    killpg(pid)
                 return
             buffer += chunk
             while b"\n" in buffer:
@@ -217,13 +220,6 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
                 break
             children.discard(pid)
             sock.sendall((json.dumps({"exit": pid, "code": exit_code(status)}) + "\n").encode())
-
-
-def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""``kill_node``: a whole node (its torchrun agent and every rank on it) dies at once."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Mapping
+
+from pytest_reshard.chaos._common import target_of
+from pytest_reshard.contract import Env
+from pytest_reshard.schedule import Fault
+from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+
+def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
+    """The node that hosts ``rank`` dies at the fault point: its torchrun agent and every rank
+    on it, at once (needs ``launcher="elastic"`` with ``nodes >= 2``).
+
+    Layer: real SIGKILLs of the agent and its workers, raised by the rank itself so the timing is
+    exact. The surviving agents see their workers fail, meet again at the c10d rendezvous without
+    the dead node and restart the workers at the smaller world size, all torch's own elastic
+    machinery; the workload must reshard on load within its rewind budget. Does not prove a
+    silent partition (packets dropped, no connection reset) or a node rejoining.
+    """
+    return Fault("kill_node", target_of(rank, None, None, "one"), at_step, phase, {})
+
+
+def execute(run: Any, fault: Mapping[str, Any]) -> None:
+    """The agent (this rank's parent), every worker it started, then this rank."""
+    from pytest_reshard import probe
+
+    if os.environ.get(Env.ELASTIC) != "1":
+        raise probe.InjectedFault("kill_node needs ranks under elastic agents (launcher='elastic')")
+    agent = os.getppid()
+    for pid in (agent, *(p for p in probe.children(agent) if p != os.getpid())):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _requires(options: Mapping[str, Any]) -> str | None:
+    if options.get("launcher") != "elastic" or int(options.get("nodes", 1)) < 2:
+        return ("kill_node needs launcher='elastic' and nodes >= 2: a node is one torchrun "
+                "agent, and one must survive")
+    return None
+
+
+register(FaultKind("kill_node", execute=execute, ending=Ending.DEATH, requires=_requires,
+                   doc=kill_node.__doc__ or ""))

@@ -1,0 +1,182 @@
+"""The contract between a rank's probe, the supervisor and every reader of a run (standard library only).
+
+Three things cross process boundaries, so each is spelled out once, here:
+
+- **the environment** the launcher gives a rank (``Env``);
+- **the run folder**: where the plan, the events, the heartbeats, the logs and the workload's own
+  files live (``RunDir``);
+- **the events**: one JSON object per line, ``{"ev": NAME, "t": seconds, ...}``. A rank writes
+  ``events/g{gen}-r{rank}.jsonl`` and every rank event carries ``gen`` and ``rank``; the supervisor
+  writes ``events/supervisor.jsonl``. ``Ev`` names them; ``RANK_EVENTS``, ``STEP_EVENTS`` and
+  ``SUPERVISOR_EVENTS`` say which file holds them and which need a ``step``.
+
+The probe imports this module and nothing else of the harness: a training script that imports the
+probe must not import the supervisor, torch or pytest.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Env", "Ev", "Cause", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+           "RANK_FILE", "Torn", "read_jsonl"]
+
+
+class Env:
+    """Environment variables a launcher sets for a rank (besides torchrun's own RANK, WORLD_SIZE,
+    LOCAL_RANK, MASTER_ADDR, MASTER_PORT)."""
+
+    DIR = "RESHARD_DIR"                    # the run folder (``RunDir``); its presence activates the probe
+    GENERATION = "RESHARD_GENERATION"      # the generation this launch belongs to
+    SUPERVISOR_PID = "RESHARD_SUPERVISOR_PID"  # a rank whose supervisor is gone ends itself
+    ELASTIC = "RESHARD_ELASTIC"            # "1": torchrun agents restart the ranks on their own
+    BACKEND = "RESHARD_BACKEND"            # gloo | nccl, as the scenario asks
+    STEPS = "RESHARD_STEPS"                # the scenario's step count
+    ROLE = "RESHARD_ROLE"                  # this rank's role ("trainer", "target", "drafter", ...)
+    PORT_RANGE = "RESHARD_PORT_RANGE"      # LO-HI: ports the harness may pick (one range per xdist worker)
+    PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
+
+
+class Ev:
+    """Event names. Rank events first (written by the probe), then the supervisor's."""
+
+    START = "start"            # attached: world_size, role, pid, max_rewind_steps
+    RESUMED = "resumed"        # the first step this generation runs: step, source, max_rewind_steps
+    BEGIN = "begin"            # a step began: step
+    POINT = "point"            # a fault point inside a step: step, phase
+    RECORD = "record"          # what a step measured: step, loss, samples, epoch, tokens, ...
+    END = "end"                # a step's body completed: step
+    ERROR = "error"            # a step raised: step, phase, error
+    FAULT = "fault"            # a fault fired here: step, phase, kind, id, params
+    NOTICE = "notice"          # a planned reshard's notice reached the rank: kind, to_world_size, deadline
+    SIGNAL = "signal"          # a signal the probe saw: signal
+    REQUEST = "request"        # the workload asks to drain: to_world_size, reason, grace_s
+    CKPT_SAVE = "ckpt_save"    # a completed save of the state after step: step, digest
+    CKPT_LOAD = "ckpt_load"    # a completed load of that state: step, digest
+    MEMORY = "memory"          # the workload's device memory: peak, budget
+    NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
+    EXIT = "exit"              # a clean exit (run.close()): code, peak_rss
+
+    SCENARIO = "scenario"      # what the run was asked to do (the Scenario's fields, schedule_hash, replay)
+    GEN_START = "gen_start"    # gen, world_size, roles, launcher, port
+    GEN_END = "gen_end"        # gen, cause, planned, fault_id, detail
+    DETECT = "detect"          # gen, kind, rank, step, phase, exit_code, latency_s, expected
+    UNFIRED = "unfired"        # a scheduled fault that never fired: fault_id, detail
+    ABORT = "abort"            # the supervisor gave up: detail
+    RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
+    NODES = "nodes"            # the elastic launcher's network: note, ...
+
+
+class Cause(str, enum.Enum):
+    """How a generation ended (``gen_end``'s ``cause``). A str, so it compares and serialises as
+    its value."""
+
+    COMPLETE = "complete"      # the last step ran
+    RESHARD = "reshard"        # a planned reshard (shift_shards): notice, save, exit
+    REBALANCE = "rebalance"    # a planned new placement at the same size
+    PREEMPT = "preempt"        # SIGTERM with a grace period
+    DRAIN = "drain"            # the workload asked to restart smaller (run.request_reshard)
+    FAILURE = "failure"        # an unplanned death, or a planned end that missed its deadline
+    HANG = "hang"              # a rank stopped or the generation stalled; the hung rank was killed
+    TIMEOUT = "timeout"        # the scenario's timeout ran out
+
+    def __str__(self) -> str:
+        return self.value
+
+
+RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev.END, Ev.ERROR,
+                         Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVE, Ev.CKPT_LOAD,
+                         Ev.MEMORY, Ev.NOTE, Ev.EXIT})
+#: Rank events whose meaning needs a step number.
+STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
+                         Ev.CKPT_LOAD, Ev.RESUMED})
+SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
+                               Ev.ABORT, Ev.RSS, Ev.NODES})
+RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The folder of one scenario run, and where everything in it goes."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    @property
+    def events(self) -> Path:
+        return self.root / "events"
+
+    @property
+    def logs(self) -> Path:
+        """Each rank's stdout and stderr, ``g{gen}-r{rank}.log``."""
+        return self.root / "logs"
+
+    @property
+    def work(self) -> Path:
+        """The workload's own files (checkpoints): the same folder in every generation."""
+        return self.root / "work"
+
+    @property
+    def supervisor_events(self) -> Path:
+        return self.events / "supervisor.jsonl"
+
+    @property
+    def scenario(self) -> Path:
+        """The Scenario as JSON: ``pytest-reshard replay`` runs it again."""
+        return self.root / "scenario.json"
+
+    def plan(self, gen: int) -> Path:
+        """Which rank fires which fault where in generation ``gen`` (written before the launch)."""
+        return self.root / f"plan-g{gen}.json"
+
+    def rank_events(self, gen: int, rank: int) -> Path:
+        return self.events / f"g{gen}-r{rank}.jsonl"
+
+    def heartbeat(self, gen: int, rank: int) -> Path:
+        """Touched by the rank every ``probe.HEARTBEAT_S``: its mtime is the last sign of life."""
+        return self.events / f"g{gen}-r{rank}.hb"
+
+    def log(self, gen: int, rank: int) -> Path:
+        return self.logs / f"g{gen}-r{rank}.log"
+
+
+@dataclass(frozen=True)
+class Torn:
+    """A partial last line, left by a rank killed mid-write (tolerated, kept for the report)."""
+
+    file: str
+    line: int
+    text: str
+
+
+def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:
+    """``(line number, event)`` pairs of a finished file, and its torn last line if any.
+
+    Only the last line may be torn (one ``os.write`` per event, so a SIGKILL tears at most the
+    line being written); a bad line elsewhere raises ``ValueError`` naming file and line.
+    """
+    lines = Path(path).read_bytes().split(b"\n")
+    numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
+    events: list[tuple[int, dict[str, Any]]] = []
+    torn: list[Torn] = []
+    for k, (lineno, raw) in enumerate(numbered):
+        try:
+            obj = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            if k == len(numbered) - 1:
+                torn.append(Torn(str(path), lineno, raw.decode("utf-8", "replace")[:200]))
+                continue
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e}); only the last line of a "
+                             "file may be torn (a rank killed mid-write). The file was edited "
+                             "or two writers shared it.") from None
+        if not isinstance(obj, dict):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got "
+                             f"{type(obj).__name__}")
+        events.append((lineno, obj))
+    return events, torn

@@ -1,0 +1,200 @@
+"""The supervisor owns one scenario: it runs generations of ranks until the run completes or fails.
+
+For each generation it writes the fault plan (which ranks fire which fault at which point),
+launches the ranks, then watches them every 20 ms:
+
+- exits (a death is seen within one poll, about 20 ms after the process is gone);
+- heartbeats: a live rank whose heartbeat file is older than ``hang_s`` is *stopped* (SIGSTOP,
+  a wedged interpreter); the verdict names its last step and phase;
+- progress: no event from any rank for ``stall_s`` once training started is a *stall*
+  (a deadlocked collective that gloo would only notice after its timeout);
+- deadlines: a reshard notice or a preemption's grace period that expires with ranks still
+  alive ends the generation with SIGKILL, as a real scheduler would.
+
+It records what it saw to ``events/supervisor.jsonl`` (the harness's half of the history), and
+every process it started is gone when ``run`` returns, whether it succeeds, fails, times out or
+is interrupted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pytest_reshard.contract import Env, Ev, RunDir
+from pytest_reshard.schedule import kinds, resolve_target
+from pytest_reshard.supervisor import launch
+from pytest_reshard.supervisor.launch import Generation, RankSpec, free_port
+from pytest_reshard.supervisor.scenario import Scenario, next_roles
+from pytest_reshard.supervisor.tail import EventTail
+from pytest_reshard.supervisor.watch import Outcome, Watch
+from pytest_reshard.workloads import resolve
+
+__all__ = ["Supervisor"]
+
+
+class Supervisor:
+    #: Called with a ``progress.Status`` after each batch of events (the live progress line).
+    on_status: Callable[[Any], None] | None = None
+
+    def __init__(self, scenario: Scenario, run_dir: Path, *,
+                 progress: Callable[[str], None] | None = None,
+                 launcher: Any | None = None) -> None:
+        self.scenario = scenario
+        self.dir = RunDir(Path(run_dir))
+        self.run_dir = self.dir.root
+        for d in (self.dir.events, self.dir.logs, self.dir.work):
+            d.mkdir(parents=True, exist_ok=True)
+        self.tail = EventTail(self.dir)
+        self._progress = progress or (lambda msg: None)
+        self._sup = open(self.dir.supervisor_events, "a")
+        workload = resolve(scenario.workload)
+        self.argv = workload.argv(scenario.steps, scenario.args)
+        self._own_launcher = launcher is None
+        self.launcher = launcher or launch.make(scenario.launcher, launch.LaunchContext(
+            preload=workload.preloads(), pid_of=self.tail.pids, clean_exit=self.tail.clean_exit,
+            scenario=scenario, note=self._note))
+        self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
+        self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
+        self._live: Generation | None = None
+
+    # -- recording -------------------------------------------------------------------------
+    def record(self, ev: str, **fields: Any) -> None:
+        fields.update(ev=ev, t=time.time())
+        self._sup.write(json.dumps(fields) + "\n")
+        self._sup.flush()
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self, replay: str = "") -> None:
+        sc = self.scenario
+        deadline = time.monotonic() + sc.timeout_s
+        self.record(Ev.SCENARIO, workload=sc.workload, steps=sc.steps, world_size=sc.world_size,
+                    seed=sc.schedule.seed, schedule=sc.schedule.to_dict(),
+                    schedule_hash=sc.schedule.hash, launcher=sc.launcher, backend=sc.backend,
+                    memory_budget_bytes=sc.memory_budget_bytes, replay=replay)
+        self.dir.scenario.write_text(json.dumps(sc.to_dict(), indent=2))
+        world_size: int | None = sc.world_size
+        roles = sc.initial_roles()
+        gen = 0
+        try:
+            while world_size is not None:
+                if gen >= sc.max_generations:
+                    self.record(Ev.ABORT, detail=f"gave up after {sc.max_generations} generations")
+                    self._progress(f"gave up after {sc.max_generations} generations")
+                    break
+                outcome = self._generation(gen, roles, deadline)
+                if outcome.next_world_size is not None:
+                    roles = next_roles(roles, outcome.next_world_size, lost=outcome.lost_rank,
+                                       wanted=outcome.next_roles)
+                self.device_map = outcome.device_map
+                self.record(Ev.GEN_END, gen=gen, cause=outcome.cause.value, planned=outcome.planned,
+                            fault_id=outcome.fault_id, detail=outcome.detail)
+                self._progress(f"generation {gen} (world size {world_size}): {outcome.cause.value}"
+                               + (f" - {outcome.detail}" if outcome.detail else ""))
+                world_size = outcome.next_world_size
+                gen += 1
+            for i, fault in enumerate(sc.schedule.faults):
+                if i not in self.fired:
+                    self.record(Ev.UNFIRED, fault_id=i, detail=fault.describe())
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.kill()
+            self._live = None
+        if self._own_launcher:
+            self.launcher.close()
+        if not self._sup.closed:
+            self._sup.close()
+
+    def _note(self, what: str, fields: dict[str, Any]) -> None:
+        """A launcher's note for the record (the elastic launcher's network, for one)."""
+        self.record(what, **fields)
+        if fields.get("note"):
+            self._progress(f"{what}: {fields['note']}")
+
+    def _plan(self, gen: int, world_size: int, roles: list[str]) -> None:
+        sc = self.scenario
+        faults = []
+        for i, fault in enumerate(sc.schedule.faults):
+            if i in self.fired:
+                continue
+            ranks = resolve_target(fault.target, world_size, roles, sc.schedule.seed, i)
+            faults.append({"id": i, "kind": fault.kind, "ranks": ranks, "step": fault.step,
+                           "phase": fault.phase, "params": dict(fault.params),
+                           **kinds.executor_of(kinds.get(fault.kind))})
+        plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
+                "device_map": self.device_map, "faults": faults}
+        self.dir.plan(gen).write_text(json.dumps(plan, indent=1))
+
+    def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
+               agent_store: bool) -> list[RankSpec]:
+        base = {k: v for k, v in os.environ.items() if not k.startswith((Env.PREFIX, "PYTEST_"))}
+        if agent_store:
+            base["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        base.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", OMP_NUM_THREADS="1",
+            TORCHELASTIC_RUN_ID=f"reshard-{self.scenario.schedule.hash}", PYTHONUNBUFFERED="1",
+        )
+        base.update({Env.DIR: str(self.run_dir), Env.GENERATION: str(gen),
+                     Env.SUPERVISOR_PID: str(os.getpid()), Env.BACKEND: self.scenario.backend,
+                     Env.STEPS: str(self.scenario.steps)})
+        return [RankSpec(rank=r, argv=self.argv, cwd=os.getcwd(),
+                         env={**base, "RANK": str(r), "ROLE_RANK": str(r), Env.ROLE: roles[r],
+                              "LOCAL_RANK": str(self.device_map[r] if self.device_map else r)},
+                         log=self.dir.log(gen, r))
+                for r in range(world_size)]
+
+    def _generation(self, gen: int, roles: list[str], deadline: float) -> Outcome:
+        sc = self.scenario
+        world_size = len(roles)
+        self._plan(gen, world_size, roles)
+        launched = time.monotonic()
+        # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
+        # that is already listening instead of racing rank 0 for it (a 2 s retry back-off).
+        store = None if self.launcher.own_rendezvous else _store(world_size)
+        port = store.port if store is not None else free_port()
+        restart = self._live is not None  # elastic agents restart the ranks: watch, don't launch
+        self.record(Ev.GEN_START, gen=gen, world_size=world_size, roles=roles,
+                    launcher=sc.launcher, port=port, **({"by": "elastic agents"} if restart else {}))
+        if restart:
+            self._live = self._live.advance(gen, world_size)
+        else:
+            self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
+                                                          store is not None))
+        watch = Watch(self, gen, world_size, launched, deadline)
+        outcome = None
+        try:
+            outcome = watch.run()
+            if outcome.next_world_size is not None and self._live.restarting():
+                # The surviving agents re-form the world: its size is theirs, not the fault's.
+                outcome.next_world_size = self._live.next_world_size()
+            return outcome
+        finally:
+            if outcome is None or outcome.next_world_size is None or \
+                    not self._live.restarting():
+                self._live.kill()
+                self._live = None
+            del store
+            self.tail.poll(gen)
+            for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one
+                exits = [e for e in self.tail.events(gen, rank)
+                         if e["ev"] == Ev.EXIT and e.get("peak_rss")]
+                if exits:
+                    watch.peaks[rank] = max(watch.peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
+            for rank, peak in sorted(watch.peaks.items()):
+                self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
+                            budget_bytes=sc.memory_budget_bytes)
+
+
+def _store(world_size: int) -> Any:
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
+                    timeout=timedelta(seconds=60))

@@ -1,0 +1,68 @@
+"""The supervisor's incremental reader of the ranks' event files, while they are written."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pytest_reshard.contract import RunDir, Ev
+
+__all__ = ["EventTail"]
+
+
+class EventTail:
+    """Incrementally reads the JSONL files of the run, keeping the parsed events by file."""
+
+    def __init__(self, run_dir: RunDir) -> None:
+        self.dir = run_dir.events
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+        self.by_rank: dict[tuple[int, int], list[dict]] = {}
+        self._unseen: list[dict] = []
+
+    def take(self) -> list[dict]:
+        """Events read since the last ``take`` (whoever triggered the read)."""
+        new, self._unseen = self._unseen, []
+        return new
+
+    def poll(self, gen: int) -> None:
+        """Read what the ranks of ``gen`` appended since the last poll."""
+        for path in sorted(self.dir.glob(f"g{gen}-r*.jsonl")):
+            with open(path, "rb") as f:
+                f.seek(self._offsets.get(path, 0))
+                chunk = f.read()
+            if not chunk:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(chunk)
+            data = self._partial.pop(path, b"") + chunk
+            *lines, rest = data.split(b"\n")
+            if rest:
+                self._partial[path] = rest
+            for line in lines:
+                ev = json.loads(line)
+                self.by_rank.setdefault((ev["gen"], ev["rank"]), []).append(ev)
+                self._unseen.append(ev)
+
+    def events(self, gen: int, rank: int) -> list[dict]:
+        return self.by_rank.get((gen, rank), [])
+
+    def pids(self, gen: int) -> dict[int, int]:
+        self.poll(gen)
+        return {r: evs[0]["pid"] for (g, r), evs in self.by_rank.items()
+                if g == gen and evs and evs[0]["ev"] == Ev.START}
+
+    def clean_exit(self, gen: int, rank: int) -> bool:
+        self.poll(gen)
+        evs = self.events(gen, rank)
+        return bool(evs) and evs[-1]["ev"] == Ev.EXIT
+
+    def last_position(self, gen: int, rank: int) -> tuple[int | None, str | None]:
+        """(step, phase) where the rank was last seen."""
+        for ev in reversed(self.events(gen, rank)):
+            if ev["ev"] == Ev.POINT:
+                return ev["step"], ev["phase"]
+            if ev["ev"] in (Ev.BEGIN, Ev.END, Ev.ERROR, Ev.FAULT):
+                phase = {Ev.BEGIN: "begin", Ev.END: "end"}.get(ev["ev"], ev.get("phase"))
+                return ev["step"], phase
+        return None, "startup"
+
+

@@ -1,0 +1,350 @@
+"""The watch loop of one generation: exits, heartbeats, progress, deadlines; it returns an Outcome."""
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.schedule import kinds
+from pytest_reshard.supervisor import procfs
+from pytest_reshard.supervisor.launch import Generation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.supervisor.run import Supervisor
+
+#: How often the watch loop looks at the ranks: a death is seen within one poll.
+POLL_S = 0.02
+
+
+@dataclass
+class Outcome:
+    """How a generation ended and what comes next."""
+
+    cause: Cause
+    planned: bool = False
+    fault_id: int | None = None
+    detail: str = ""
+    next_world_size: int | None = None  # None: the run is over
+    lost_rank: int | None = None    # the rank whose unplanned loss ended the generation
+    next_roles: Any = None          # roles a planned change asks for (counts or a list)
+    device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first unplanned loss of a generation: who, how, when (monotonic), in words."""
+
+    rank: int
+    code: int | None
+    at: float
+    detail: str
+
+
+class Detected(str, enum.Enum):
+    """What the supervisor noticed about a rank (``detect`` events)."""
+
+    DIED = "died"                  # exited non-zero (a signal, an exception)
+    STOPPED = "stopped"            # alive, heartbeat silent, the kernel says stopped
+    STALLED = "stalled"            # alive and beating, but no rank made progress
+    EXITED_EARLY = "exited_early"  # exit code 0 before the last step, nothing planned
+    OOM = "oom"                    # past the scenario's memory budget: killed
+
+
+def _is(ev: dict, ending: kinds.Ending) -> bool:
+    """A fault event whose kind ends its victim this way (with these params)."""
+    return ev["ev"] == Ev.FAULT and kinds.ending_of(ev["kind"], ev["params"]) is ending
+
+
+class Watch:
+    """The poll loop of one generation; returns its Outcome."""
+
+    def __init__(self, sup: Supervisor, gen: int, world_size: int, launched: float,
+                 deadline: float) -> None:
+        self.sup, self.gen, self.world_size = sup, gen, world_size
+        self.sc = sup.scenario
+        self.deadline = deadline
+        self.last_progress = launched
+        self.started_training = False
+        self.planned: dict | None = None       # the planned-event fault that fired here
+        self.plan_deadline: float | None = None
+        self.failure: Failure | None = None
+        self.reported: set[int] = set()
+        self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
+        self.hung: Outcome | None = None  # how the generation ends, once a hung rank is killed
+        self.step: int | None = None     # the highest step begun in this generation
+
+    def _detect(self, kind: Detected, rank: int, *, expected: bool, code: int | None = None,
+                since: float | None = None) -> str:
+        step, phase = self.sup.tail.last_position(self.gen, rank)
+        latency = None if since is None else round(time.time() - since, 4)
+        self.sup.record(Ev.DETECT, gen=self.gen, kind=kind.value, rank=rank, step=step,
+                        phase=phase, exit_code=code, latency_s=latency, expected=expected)
+        where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
+        return {Detected.DIED: f"rank {rank} died (exit code {code}) {where}",
+                Detected.STOPPED: f"rank {rank} stopped responding {where}",
+                Detected.STALLED: f"no rank made progress for {self.sc.stall_s:.0f} s; rank "
+                                  f"{rank} was last seen {where}",
+                Detected.EXITED_EARLY: f"rank {rank} exited with code 0 {where} without a "
+                                       "planned event",
+                }[kind] + f" (generation {self.gen})"
+
+    def _on_events(self, events: list[dict]) -> None:
+        now = time.monotonic()
+        for ev in events:
+            if ev["gen"] != self.gen:
+                continue  # read late, after its generation ended
+            self.last_progress = now
+            kind = ev["ev"]
+            if kind == Ev.BEGIN:
+                self.started_training = True
+            elif kind == Ev.FAULT and ev["id"] not in self.sup.fired:
+                self.sup.fired[ev["id"]] = ev
+                declared = kinds.get(ev["kind"])
+                if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED and self.planned is None:
+                    self.planned = ev
+                    self.plan_deadline = now + float(ev["params"][declared.deadline_param])
+            elif kind == Ev.REQUEST and self.planned is None:
+                # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
+                # attributed to the last fault that fired in this generation, if any.
+                fired = [f for f in self.sup.fired.values() if f["gen"] == self.gen]
+                self.planned = {"kind": Cause.DRAIN.value, "id": fired[-1]["id"] if fired else None,
+                                "step": ev["step"] if "step" in ev else None, "phase": "request",
+                                "params": {"to_world_size": ev["to_world_size"]},
+                                "reason": ev.get("reason", "")}
+                self.plan_deadline = now + float(ev.get("grace_s", 30.0))
+        if events and self.sup.on_status is not None:
+            self._status(events)
+
+    def _status(self, events: list[dict]) -> None:
+        from pytest_reshard.reports.progress import Status
+
+        begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
+        if begun:
+            self.step = max([*begun, *([] if self.step is None else [self.step])])
+        self.sup.on_status(Status(self.gen, self.world_size, self.step, self.sc.steps,
+                                  len(self.sup.fired), len(self.sc.schedule.faults)))
+
+    def _on_exit(self, rank: int, code: int, codes: dict[int, int | None], now: float) -> None:
+        """Judge one rank's exit: normal, or the generation's first failure."""
+        normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)  # SIGABRT after close
+        if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
+            self.reported.add(rank)
+            return
+        # Peers of a killed rank die too ("Connection closed by peer"), sometimes before its
+        # own exit is reaped: blame the rank an unplanned-death fault fired on.
+        culprit = self._faulted_rank(kinds.Ending.DEATH)
+        if culprit is not None:
+            if codes.get(culprit) is None:
+                return  # judge again once the culprit's exit is reported
+            rank, code = culprit, codes[culprit]
+            normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)
+        self.reported.add(rank)
+        fault = self._fault_for(rank, kinds.Ending.DEATH)
+        # exit 0 mid-run without a planned event: a silent death (a process that vanished
+        # without a traceback, as GPU drafters do when the driver takes them)
+        kind = Detected.EXITED_EARLY if normal else Detected.DIED
+        detail = self._detect(kind, rank, expected=fault is not None, code=code,
+                              since=fault["t"] if fault else None)
+        self.failure = Failure(rank, code, now, detail)
+
+    def _watch_memory(self, live: Generation, codes: dict[int, int | None]) -> None:
+        """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""
+        budget = self.sc.memory_budget_bytes
+        for rank, pid in live.pids().items():
+            if codes.get(rank) is not None:
+                continue
+            peak = procfs.peak_rss(pid)
+            if peak is None:
+                continue
+            self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
+            if budget and peak > budget and self.failure is None:
+                live.signal(rank, signal.SIGKILL)
+                step, phase = self.sup.tail.last_position(self.gen, rank)
+                where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
+                detail = (f"rank {rank} exceeded its memory budget {where}: peak RSS "
+                          f"{peak / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB; "
+                          f"killed it as the OOM killer would")
+                self.sup.record(Ev.DETECT, gen=self.gen, kind=Detected.OOM.value, rank=rank, step=step,
+                                phase=phase, exit_code=-signal.SIGKILL, latency_s=None,
+                                expected=False, detail=detail)
+                self.reported.add(rank)
+                self.failure = Failure(rank, -signal.SIGKILL, time.monotonic(), detail)
+
+    def _faulted_rank(self, ending: kinds.Ending) -> int | None:
+        """The rank a fault that ends its victim this way fired on, in this generation."""
+        for (gen, rank), evs in self.sup.tail.by_rank.items():
+            if gen == self.gen and any(_is(e, ending) for e in evs):
+                return rank
+        return None
+
+    def _fault_for(self, rank: int, ending: kinds.Ending) -> dict | None:
+        return next((e for e in self.sup.tail.events(self.gen, rank) if _is(e, ending)), None)
+
+    def run(self) -> Outcome:
+        sup, sc, gen = self.sup, self.sc, self.gen
+        live = sup._live
+        assert live is not None
+        while True:
+            codes = live.exit_codes()  # first: a rank writes all its events before it exits
+            sup.tail.poll(gen)
+            self._on_events(sup.tail.take())
+            now = time.monotonic()
+            # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
+            # silent exit, an exception of its own) stops writing events before its peers fail.
+            exited = [r for r, c in codes.items() if c is not None and r not in self.reported]
+            for rank in sorted(exited, key=self._last_event_t):
+                if self.failure is None:
+                    self._on_exit(rank, codes[rank], codes, now)
+            self._watch_memory(live, codes)
+            if all(c is not None for c in codes.values()):
+                return self._classify(codes)
+            if self.failure and now - self.failure.at > sc.failure_grace_s:
+                return self._classify(codes)
+            if self.plan_deadline is not None and now > self.plan_deadline:
+                return self._missed_deadline(codes)
+            hung = self._stopped_rank(codes) if self.failure is None else None
+            if hung is not None:
+                self._end_hung(live, hung, self._hang(Detected.STOPPED, hung,
+                                                      since=os.path.getmtime(self._hb(hung))))
+                continue
+            quiet = now - self.last_progress
+            limit = sc.stall_s if self.started_training else sc.startup_s
+            if quiet > limit and self.failure is None and self.plan_deadline is None:
+                # Everyone is alive and silent: blame the rank a hang fault fired on, if any.
+                culprit = self._faulted_rank(kinds.Ending.HANG)
+                rank = culprit if culprit is not None else \
+                    min((r for r, c in codes.items() if c is None), default=0)
+                self._end_hung(live, rank, self._hang(Detected.STALLED, rank, since=None))
+                continue
+            if now > self.deadline:
+                return Outcome(Cause.TIMEOUT, detail=f"scenario timeout of {sc.timeout_s:.0f} s "
+                               f"reached in generation {gen}")
+            time.sleep(POLL_S)
+
+    def _hang(self, kind: Detected, rank: int, since: float | None) -> Outcome:
+        fault = self._fault_for(rank, kinds.Ending.HANG)
+        detail = self._detect(kind, rank, expected=fault is not None,
+                              since=fault["t"] if fault and since is None else since)
+        if fault is None:
+            return Outcome(Cause.HANG, detail=detail)
+        after = int(fault["params"].get("then_world_size") or self.world_size)
+        return Outcome(Cause.HANG, fault_id=fault["id"], detail=detail, next_world_size=after,
+                       lost_rank=rank)
+
+    def _end_hung(self, live: Generation, rank: int, outcome: Outcome) -> None:
+        """Kill only the hung rank and treat it as a death: its peers then fail their next
+        collective and get the failure grace to save what they hold (an emergency snapshot),
+        exactly as after a kill; killing them all at once would throw that state away."""
+        live.signal(rank, signal.SIGKILL)
+        self.hung = outcome
+        self.reported.add(rank)
+        self.failure = Failure(rank, -signal.SIGKILL, time.monotonic(), outcome.detail)
+
+    def _hb(self, rank: int) -> str:
+        return str(self.sup.dir.heartbeat(self.gen, rank))
+
+    def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
+        """A live rank whose heartbeat is silent: at once (``hang_s``) if the kernel says it is
+        stopped, else only after ``10 * hang_s`` (at least 10 s): a busy machine or a long
+        import holding the GIL can delay a heartbeat, and a false "stopped" is a false verdict.
+        """
+        now = time.time()
+        pids = self.sup._live.pids() if self.sup._live is not None else {}
+        for rank, code in codes.items():
+            if code is not None:
+                continue
+            try:
+                age = now - os.path.getmtime(self._hb(rank))
+            except FileNotFoundError:
+                continue  # not attached yet: covered by the startup limit
+            if age > self.sc.hang_s and (procfs.stopped(pids.get(rank))
+                                         or age > max(10 * self.sc.hang_s, 10.0)):
+                return rank
+        return None
+
+    def _missed_deadline(self, codes: dict[int, int | None]) -> Outcome:
+        ev = self.planned or {}
+        alive = sorted(r for r, c in codes.items() if c is None)
+        declared = kinds.get(ev["kind"]) if ev.get("kind") in kinds.registered() else None
+        period = "notice" if declared and declared.deadline_param == "notice_s" else "grace period"
+        return Outcome(Cause.FAILURE, fault_id=ev.get("id"),
+                       detail=f"{ev.get('kind')} at step {ev.get('step')} {ev.get('phase')}: "
+                              f"ranks {alive} were still running when the {period} ran out "
+                              f"(generation {self.gen}); killed them")
+
+    def _classify(self, codes: dict[int, int | None]) -> Outcome:
+        sc = self.sc
+        if self.hung is not None:
+            return self.hung
+        if self.failure is not None:
+            rank, detail = self.failure.rank, self.failure.detail
+            fault = self._fault_for(rank, kinds.Ending.DEATH)
+            if fault is None:
+                return Outcome(Cause.FAILURE, detail=detail)
+            after = int(fault["params"].get("then_world_size") or self.world_size)
+            return Outcome(Cause.FAILURE, fault_id=fault["id"], detail=detail,
+                           next_world_size=after, lost_rank=rank)
+        if self.planned is not None and self._finished(codes):
+            ev = self.planned  # a notice at the last step: nothing is left for a next generation
+            return Outcome(Cause.COMPLETE, fault_id=ev["id"],
+                           detail=f"{ev['kind']} arrived after the last step had run")
+        if self.planned is not None:
+            ev = self.planned
+            drained = ev["kind"] == Cause.DRAIN.value  # the workload asked (run.request_reshard)
+            declared = None if drained else kinds.get(ev["kind"])
+            cause = Cause.DRAIN if declared is None else declared.cause
+            assert cause is not None
+            params = ev["params"]
+            after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
+            detail = (f"the workload asked to drain to {after} ranks: {ev['reason']}"
+                      if drained else f"{ev['kind']} at step {ev['step']} {ev['phase']}")
+            device_map = None
+            if declared is not None and declared.relocates:
+                device_map = rebalanced(self.world_size, params["fraction"],
+                                       f"{sc.schedule.seed}:{ev['id']}")
+                detail += f": rank r now on device {device_map}[r]"
+            if params.get("roles"):
+                detail += f"; roles now {dict(params['roles'])}"
+            return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
+                           next_world_size=int(after), device_map=device_map,
+                           next_roles=params.get("roles"))
+        # Everybody exited 0 with nothing planned: finished, or a silent early exit.
+        last = {r: self._last_end(r) for r in codes}
+        short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)
+        if short:
+            rank = short[0]
+            return Outcome(Cause.FAILURE, detail=self._detect(Detected.EXITED_EARLY, rank,
+                                                              expected=False))
+        return Outcome(Cause.COMPLETE)
+
+    def _last_event_t(self, rank: int) -> float:
+        events = self.sup.tail.events(self.gen, rank)
+        return events[-1]["t"] if events else float("inf")
+
+    def _finished(self, codes: dict[int, int | None]) -> bool:
+        """Every rank ended the run's last step (so there is nothing left to resume)."""
+        return all((self._last_end(r) or -1) >= self.sc.steps - 1 for r in codes)
+
+    def _last_end(self, rank: int) -> int | None:
+        """The last step whose effect the rank holds: the last it ended, or the one before where
+        it resumed (a generation that resumes past the last step has nothing left to run)."""
+        done = [ev["step"] if ev["ev"] == Ev.END else ev["step"] - 1
+                for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] in (Ev.END, Ev.RESUMED)]
+        return max(done) if done else None
+
+
+def rebalanced(world_size: int, fraction: float, seed: str) -> list[int]:
+    """A rank -> device map that moves ``fraction`` of the ranks (at least two) to other devices:
+    the chosen ones rotate one place among themselves, drawn from ``seed`` for replays."""
+    import random
+
+    moved = sorted(random.Random(seed).sample(range(world_size),
+                                               min(world_size, max(2, round(fraction * world_size)))))
+    device_map = list(range(world_size))
+    for i, shard in enumerate(moved):
+        device_map[shard] = moved[(i + 1) % len(moved)]
+    return device_map
