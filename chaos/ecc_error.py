@@ -1,6 +1,7 @@
 """``ecc_error``: an ECC error on the target's device, at the telemetry or the compute layer."""
 from __future__ import annotations
 
+import enum
 from typing import Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
@@ -8,12 +9,18 @@ from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
 CUDA_ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
-LAYERS = ("telemetry", "compute")
+
+
+class EccLayer(str, enum.Enum):
+    """Where the injected ECC error shows (``ecc_error(layer=...)`` takes the value or member)."""
+
+    TELEMETRY = "telemetry"   # the counters a health monitor polls change
+    COMPUTE = "compute"       # the CUDA error text is raised at the point
 
 
 def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
               role: str | None = None, target: str | None = None, kind: str = "dbe",
-              xid: int | None = None, layer: str = "telemetry",
+              xid: int | None = None, layer: str = EccLayer.TELEMETRY,
               then_world_size: int | None = None) -> Fault:
     """An ECC error on the target's device, at one of two layers (choose with ``layer``).
 
@@ -36,15 +43,17 @@ def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
         xid = 48 if kind == "dbe" else None  # a correctable error raises no Xid
     if xid not in (None, 48, 63, 64, 94, 95):
         raise ScheduleError(f"ecc_error xid must be 48, 63, 64, 94 or 95, got {xid!r}")
-    if layer not in LAYERS:
-        raise ScheduleError(f"ecc_error layer must be 'telemetry' or 'compute', got {layer!r}")
+    try:
+        layer = EccLayer(layer)
+    except ValueError:
+        raise ScheduleError(f"ecc_error layer must be 'telemetry' or 'compute', got {layer!r}") from None
     return Fault("ecc_error", target_of(rank, role, target, "one"), at_step, phase,
-                 {"kind": kind, "xid": xid, "layer": layer, **then(then_world_size)})
+                 {"kind": kind, "xid": xid, "layer": layer.value, **then(then_world_size)})
 
 
 def execute(run: Any, fault: Mapping[str, Any]) -> None:
     params = fault["params"]
-    if params.get("layer", "telemetry") == "compute":
+    if params.get("layer", EccLayer.TELEMETRY) == EccLayer.COMPUTE:
         from pytest_reshard.probe import InjectedFault
 
         raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
@@ -56,7 +65,7 @@ def execute(run: Any, fault: Mapping[str, Any]) -> None:
 
 def _ending(params: Mapping[str, Any]) -> Ending:
     """Only a raised CUDA error kills the rank; a counter the workload reads does not."""
-    return Ending.DEATH if params.get("layer") == "compute" else Ending.NONE
+    return Ending.DEATH if params.get("layer") == EccLayer.COMPUTE else Ending.NONE
 
 
 register(FaultKind("ecc_error", execute=execute, ending=_ending, doc=ecc_error.__doc__ or ""))

@@ -1,6 +1,7 @@
 """``hang``: a rank that neither dies nor works."""
 from __future__ import annotations
 
+import enum
 import os
 import signal
 import threading
@@ -10,11 +11,17 @@ from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
-MODES = ("sigstop", "block")
+
+
+class HangMode(str, enum.Enum):
+    """How the rank hangs (``hang(mode=...)`` takes the value or the member)."""
+
+    SIGSTOP = "sigstop"   # the process is stopped: heartbeat silent, the kernel says T
+    BLOCK = "block"       # the main thread blocks; the process and its heartbeat live on
 
 
 def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
-         role: str | None = None, target: str | None = None, mode: str = "sigstop",
+         role: str | None = None, target: str | None = None, mode: str = HangMode.SIGSTOP,
          then_world_size: int | None = None) -> Fault:
     """A rank that neither dies nor works, from the fault point on.
 
@@ -31,14 +38,16 @@ def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
     hold before the generation ends, and the next starts at ``then_world_size`` (default the
     same size). Does not reproduce a GPU kernel spinning on the device.
     """
-    if mode not in MODES:
-        raise ScheduleError(f"hang mode must be 'sigstop' or 'block', got {mode!r}")
+    try:
+        mode = HangMode(mode)
+    except ValueError:
+        raise ScheduleError(f"hang mode must be 'sigstop' or 'block', got {mode!r}") from None
     return Fault("hang", target_of(rank, role, target, "one"), at_step, phase,
-                 {"mode": mode, **then(then_world_size)})
+                 {"mode": mode.value, **then(then_world_size)})
 
 
 def execute(run: Any, fault: Mapping[str, Any]) -> None:
-    if fault["params"].get("mode") == "block":
+    if fault["params"].get("mode") == HangMode.BLOCK:
         threading.Event().wait()  # wedged in the phase, heartbeat still beating
     os.kill(os.getpid(), signal.SIGSTOP)
 

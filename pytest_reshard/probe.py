@@ -337,15 +337,20 @@ def _executor(fault: Mapping[str, Any]) -> Callable[[Run, Mapping[str, Any]], No
         import importlib.util
 
         module_name, _, attr = name.partition(":")
+        path = fault.get("execute_file")
         try:
             module = importlib.import_module(module_name)
         except ImportError:
-            path = fault.get("execute_file")
             if not path:
                 raise
+            module = None
+        if path and (module is None or os.path.realpath(getattr(module, "__file__", "") or "")
+                     != os.path.realpath(path)):
+            # Not importable here under that name (a conftest, a script's __main__), or another
+            # module of that name: load the file the kind was declared in.
             spec = importlib.util.spec_from_file_location(f"_reshard_fault_{fault['kind']}", path)
             if spec is None or spec.loader is None:
-                raise
+                raise ImportError(f"fault kind {fault['kind']!r}: cannot load {path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
         fn = module

@@ -152,13 +152,15 @@ def test_injected_counts_are_per_rank_and_generation(tmp_path, no_nvml):
     assert [p.name for p in path.parent.iterdir()] == ["g0-r2.json"]  # no temporary file left
 
 
-def test_the_probe_executor_injects_at_the_telemetry_layer(tmp_path, no_nvml):
+def test_the_ecc_executor_injects_at_the_telemetry_layer(tmp_path, no_nvml):
+    from pytest_reshard.chaos.ecc_error import execute as ecc_execute
+
     run = fake_run(tmp_path, rank=1)
-    probe._EXECUTORS["ecc_error"](run, {"params": {"kind": "dbe", "xid": 63, "layer": "telemetry"}})
+    ecc_execute(run, {"params": {"kind": "dbe", "xid": 63, "layer": "telemetry"}})
     snap = DeviceHealth.for_this_rank(harness_env(tmp_path, rank=1)).poll()
     assert snap.ecc_dbe_volatile == 1 and snap.xid_events == (63,)
     with pytest.raises(probe.InjectedFault) as raised:  # the other layer: a CUDA-style error
-        probe._EXECUTORS["ecc_error"](run, {"params": {"kind": "dbe", "xid": 48, "layer": "compute"}})
+        ecc_execute(run, {"params": {"kind": "dbe", "xid": 48, "layer": "compute"}})
     assert telemetry.is_ecc_error(raised.value)
     assert not telemetry.is_ecc_error(RuntimeError("Connection closed by peer"))
 

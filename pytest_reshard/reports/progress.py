@@ -12,24 +12,11 @@ import contextlib
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from pytest_reshard.supervisor.watch import Status
 
-@dataclass(frozen=True)
-class Status:
-    gen: int
-    world_size: int
-    step: int | None     # the highest step any rank of the generation began
-    steps: int
-    faults_fired: int
-    faults_total: int
-    name: str = ""       # the scenario, set by the runner
-
-    def line(self) -> str:
-        step = "starting" if self.step is None else f"step {self.step + 1}/{self.steps}"
-        return (f"{self.name}: generation {self.gen} (world size {self.world_size}), {step}, "
-                f"faults {self.faults_fired}/{self.faults_total}")
+__all__ = ["LiveLine", "Status"]
 
 
 class LiveLine:

@@ -35,6 +35,24 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Status:
+    """Where a scenario is, for the live progress line (``Supervisor.on_status``)."""
+
+    gen: int
+    world_size: int
+    step: int | None     # the highest step any rank of the generation began
+    steps: int
+    faults_fired: int
+    faults_total: int
+    name: str = ""       # the scenario, set by the runner
+
+    def line(self) -> str:
+        step = "starting" if self.step is None else f"step {self.step + 1}/{self.steps}"
+        return (f"{self.name}: generation {self.gen} (world size {self.world_size}), {step}, "
+                f"faults {self.faults_fired}/{self.faults_total}")
+
+
+@dataclass(frozen=True)
 class Failure:
     """The first unplanned loss of a generation: who, how, when (monotonic), in words."""
 
@@ -120,8 +138,6 @@ class Watch:
             self._status(events)
 
     def _status(self, events: list[dict]) -> None:
-        from pytest_reshard.reports.progress import Status
-
         begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
         if begun:
             self.step = max([*begun, *([] if self.step is None else [self.step])])
