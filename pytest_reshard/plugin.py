@@ -101,14 +101,13 @@ class _State:
     def __init__(self, config: pytest.Config) -> None:
         self.settings = {name: _setting(config, name) for name, *_ in OPTIONS}
         self.session: Any = None
-        self.results: list[Any] = []
         self.rows: list[dict[str, Any]] = []  # summary rows: ours, and on the controller the workers'
         self.metrics: dict[str, dict[str, Any]] = {}  # test name -> gate metrics
         self.changes: list[Any] = []  # gate comparisons against a baseline
         self.remote_changes: list[tuple[bool, str]] = []  # (regressed, text) from xdist workers
         self.png_skipped: str | None = None
         self.live: Any = None
-        self.layout: Any = None  # this xdist worker's ports and GPUs (workers.Layout)
+        self.layout: Any = None  # this xdist worker's ports and GPUs (parallel.Layout)
         info = getattr(config, "workerinput", None)
         if info is not None:  # an xdist worker: claim disjoint ports and GPUs before any run
             from pytest_reshard.parallel import configure
@@ -275,7 +274,6 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
                 state.live.finish()
         from pytest_reshard.reports.table import summary_row
 
-        state.results.append(result)
         state.rows.append(summary_row(result, worker=state.layout.worker if state.layout else None))
         state.png_skipped = harness.png_skipped
         record_property("reshard_verdict", result.verdict.status)
@@ -334,7 +332,7 @@ def _reshard_checkpoint_launcher() -> Any:
 def checkpoint_factory(request: pytest.FixtureRequest, tmp_path: Path,
                        _reshard_checkpoint_launcher: Any) -> Iterator[Any]:
     """Write a sharded DCP checkpoint shaped like a real model family, with real I/O:
-    ``checkpoint_factory("llama3-70b", scale=1/1024, world_size=4)`` -> ``Written`` (path,
+    ``checkpoint_factory("llama3-70b", scale=1/1024, world_size=4)`` -> ``WrittenCheckpoint`` (path,
     digests, GB/s); ``written.load(world_size=3).assert_bit_exact()`` reshards it. Profiles:
     ``pytest_reshard.fixtures.checkpoint_profiles``; no scale: ``--reshard-checkpoint-scale``."""
     from pytest_reshard.checkpoints.factory import CheckpointFactory

@@ -147,7 +147,7 @@ def test_a_byte_corrupted_on_disk_fails_the_check(hybrid, tmp_path):
 
     from pytest_reshard.checkpoints.factory import (
         BitExactError,
-        Written,
+        WrittenCheckpoint,
         _base_block,
         _rows,
         fill,
@@ -155,7 +155,7 @@ def test_a_byte_corrupted_on_disk_fails_the_check(hybrid, tmp_path):
 
     copy = tmp_path / "ckpt"
     shutil.copytree(hybrid.path, copy)
-    written = Written(**{**hybrid.__dict__, "path": copy})
+    written = WrittenCheckpoint(**{**hybrid.__dict__, "path": copy})
     name = "model.layers.5.mlp.down_proj.weight"
     shape = next(t.shape for t in profile("qwen3.6-27b").tensors(1 / 4096) if t.name == name)
     start, stop = _rows(shape[0], 2, 1)

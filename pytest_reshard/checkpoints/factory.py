@@ -42,7 +42,7 @@ __all__ = [
     "BitExactError",
     "CheckpointFactory",
     "Loaded",
-    "Written",
+    "WrittenCheckpoint",
     "disk_read_bandwidth",
     "disk_write_bandwidth",
     "evict",
@@ -60,7 +60,7 @@ class BitExactError(AssertionError):
 
 # -- results ----------------------------------------------------------------------------------
 @dataclass
-class Written:
+class WrittenCheckpoint:
     """A checkpoint on disk, what was written into it, and how fast."""
 
     path: Path
@@ -109,7 +109,7 @@ class Written:
 
 @dataclass
 class Loaded:
-    written: Written
+    written: WrittenCheckpoint
     world_size: int
     load_s: float
     digests: dict[str, str]
@@ -144,7 +144,7 @@ class Loaded:
 # -- orchestration (the test process) ---------------------------------------------------------
 def write(profile: str, scale: float, path: Path, world_size: int, *, launcher: Any = None,
           optimizer: bool = False, threads: int = DEFAULT_THREADS, crc32: bool = False,
-          digests: bool = True, timeout: float = RUN_TIMEOUT_S) -> Written:
+          digests: bool = True, timeout: float = RUN_TIMEOUT_S) -> WrittenCheckpoint:
     """Write ``profile`` at ``scale`` as a ``world_size``-rank DCP checkpoint into ``path``
     (created; must be empty). ``threads``: FileSystemWriter I/O threads per rank.
 
@@ -171,7 +171,7 @@ def write(profile: str, scale: float, path: Path, world_size: int, *, launcher: 
         args.append("--optimizer")
     result = _run_ranks(args, world_size, path.parent, launcher, timeout, "save")
     files = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-    return Written(path=path, profile=profile, scale=scale, world_size=world_size,
+    return WrittenCheckpoint(path=path, profile=profile, scale=scale, world_size=world_size,
                    optimizer=optimizer, tensors=len(specs), nbytes=sum(s.nbytes for s in specs),
                    file_bytes=files, save_s=result["seconds"], phases=result["phases"],
                    digests=result["digests"], threads=threads, launcher=launcher)
@@ -181,7 +181,7 @@ class CheckpointFactory:
     """What the ``checkpoint_factory`` fixture returns.
 
     ``factory("llama3-70b", scale=1/1024, world_size=4)`` writes that profile's checkpoint into a
-    fresh folder and returns a ``Written``; ``scale=None`` takes the session's default
+    fresh folder and returns a ``WrittenCheckpoint``; ``scale=None`` takes the session's default
     (``--reshard-checkpoint-scale``: small in CI, ``1`` on a runner with the disk for it)."""
 
     def __init__(self, root: Path, launcher: Any, default_scale: float) -> None:
@@ -191,7 +191,7 @@ class CheckpointFactory:
         self._count = 0
 
     def __call__(self, profile: str, scale: float | str | None = None, world_size: int = 4,
-                 **options: Any) -> Written:
+                 **options: Any) -> WrittenCheckpoint:
         from pytest_reshard.fixtures.checkpoint_profiles import parse_scale
 
         self._count += 1

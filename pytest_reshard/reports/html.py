@@ -38,7 +38,7 @@ svg{max-width:100%;height:auto}
 
 
 @dataclass(frozen=True)
-class Written:
+class WrittenReport:
     """What ``write`` produced: the page, the PNGs, and why PNGs were skipped (None if drawn)."""
 
     page: Path
@@ -46,7 +46,7 @@ class Written:
     png_skipped: str | None
 
 
-def write(result: Any, reference: History | None = None) -> Written:
+def write(result: Any, reference: History | None = None) -> WrittenReport:
     """Write ``report.html`` (and PNGs when matplotlib is there) into the result's run folder."""
     run_dir = Path(result.run_dir)
     data = charts.ChartData.build(result.history, reference)
@@ -56,7 +56,7 @@ def write(result: Any, reference: History | None = None) -> Written:
         pngs = png_plots.write(data, run_dir)
     page = run_dir / PAGE
     page.write_text(render(result, data, pngs, skipped))
-    return Written(page, tuple(pngs), skipped)
+    return WrittenReport(page, tuple(pngs), skipped)
 
 
 def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
@@ -143,7 +143,7 @@ is a step that never ended. Hover any mark for details.</p>
 
 def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "reshard verdicts") -> Path:
     """``index.html`` in ``folder``: one line per scenario, linking its report."""
-    from pytest_reshard.reports.table import COLUMNS, MARK
+    from pytest_reshard.reports.table import MARK, columns_of; COLUMNS = columns_of(rows)  # noqa: E702
 
     folder.mkdir(parents=True, exist_ok=True)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "unknown")}

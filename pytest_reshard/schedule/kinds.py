@@ -32,7 +32,7 @@ from pytest_reshard.contract import Cause
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.schedule import Fault
 
-__all__ = ["Ending", "FaultKind", "DrawContext", "register", "get", "registered", "ending_of",
+__all__ = ["Ending", "FaultKind", "DrawContext", "register", "unregister", "get", "registered", "ending_of",
            "executor_of"]
 
 
@@ -122,6 +122,11 @@ def register(kind: FaultKind, *, replace: bool = False) -> FaultKind:
                          "to redefine it")
     _KINDS[kind.name] = kind
     return kind
+
+
+def unregister(name: str) -> None:
+    """Forget the kind ``name`` (a test's own, say)."""
+    _KINDS.pop(name, None)
 
 
 def _load_bundled() -> None:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from pytest_reshard.contract import Env, Ev, RunDir
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
-from pytest_reshard.supervisor.launch import Generation, RankSpec, free_port
+from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, free_port
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
 from pytest_reshard.supervisor.watch import Outcome, Watch
@@ -58,7 +58,7 @@ class Supervisor:
             scenario=scenario, note=self._note))
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
-        self._live: Generation | None = None
+        self._live: LiveGeneration | None = None
 
     # -- recording -------------------------------------------------------------------------
     def record(self, ev: str, **fields: Any) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from pytest_reshard.contract import Cause, Ev
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor import procfs
-from pytest_reshard.supervisor.launch import Generation
+from pytest_reshard.supervisor.launch import LiveGeneration
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.supervisor.run import Supervisor
@@ -167,7 +167,7 @@ class Watch:
                               since=fault["t"] if fault else None)
         self.failure = Failure(rank, code, now, detail)
 
-    def _watch_memory(self, live: Generation, codes: dict[int, int | None]) -> None:
+    def _watch_memory(self, live: LiveGeneration, codes: dict[int, int | None]) -> None:
         """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""
         budget = self.sc.memory_budget_bytes
         for rank, pid in live.pids().items():
@@ -251,7 +251,7 @@ class Watch:
         return Outcome(Cause.HANG, fault_id=fault["id"], detail=detail, next_world_size=after,
                        lost_rank=rank)
 
-    def _end_hung(self, live: Generation, rank: int, outcome: Outcome) -> None:
+    def _end_hung(self, live: LiveGeneration, rank: int, outcome: Outcome) -> None:
         """Kill only the hung rank and treat it as a death: its peers then fail their next
         collective and get the failure grace to save what they hold (an emergency snapshot),
         exactly as after a kill; killing them all at once would throw that state away."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-__all__ = ["WorkloadSpec", "register", "get", "registered", "resolve", "one_role", "WARMUP"]
+__all__ = ["WorkloadSpec", "register", "unregister", "get", "registered", "resolve", "one_role", "WARMUP"]
 
 #: Always preloaded by the fork server: torch, torch.distributed, DCP, FSDP.
 WARMUP = "pytest_reshard.supervisor.launch.warmup"
@@ -87,6 +87,11 @@ def register(spec: WorkloadSpec, *, replace: bool = False) -> WorkloadSpec:
                          "redefine it")
     _SPECS[spec.name] = spec
     return spec
+
+
+def unregister(name: str) -> None:
+    """Forget the spec registered under ``name`` (a test's own, say)."""
+    _SPECS.pop(name, None)
 
 
 def _load_bundled() -> None:

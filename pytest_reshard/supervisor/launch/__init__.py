@@ -26,7 +26,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pytest_reshard.contract import Env
 
-__all__ = ["RankSpec", "Generation", "Launcher", "LaunchContext", "register", "make",
+__all__ = ["RankSpec", "LiveGeneration", "Launcher", "LaunchContext", "register", "make",
            "launcher_class", "registered", "free_port", "parse_port_range", "KILL_WAIT_S"]
 
 #: How long a killed rank may take to be reaped before we call it a leak.
@@ -42,8 +42,8 @@ class RankSpec:
     log: Path
 
 
-class Generation:
-    """The ranks of one launch. ``exit_codes`` maps each rank to its code, None while it runs.
+class LiveGeneration:
+    """The live processes of one generation (``history.Generation`` is its record). ``exit_codes`` maps each rank to its code, None while it runs.
 
     Launchers whose agents re-form the world themselves after a failure (``elastic``) override
     the last three methods; for the others a generation ends with its processes."""
@@ -69,7 +69,7 @@ class Generation:
         """The world size the agents re-formed, when ``restarting``."""
         return None
 
-    def advance(self, gen: int, world_size: int) -> "Generation":
+    def advance(self, gen: int, world_size: int) -> "LiveGeneration":
         """The same processes, watched through generation ``gen`` (a restart by the agents)."""
         raise NotImplementedError(f"{type(self).__name__} does not restart ranks by itself")
 
@@ -97,7 +97,7 @@ class Launcher(Protocol):
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "Launcher": ...
-    def launch(self, specs: Sequence[RankSpec]) -> Generation: ...
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration: ...
     def close(self) -> None: ...
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_reshard.contract import Env
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, Generation, LaunchContext, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 from pytest_reshard.supervisor.procfs import children, killpg, running
@@ -135,7 +135,7 @@ class ElasticLauncher:
             self.network = None
 
 
-class ElasticGeneration(Generation):
+class ElasticGeneration(LiveGeneration):
     """The agents of one launch, seen through one generation (one rendezvous round) at a time."""
 
     def __init__(self, launcher: ElasticLauncher, agents: list[subprocess.Popen], gen: int,
@@ -145,7 +145,7 @@ class ElasticGeneration(Generation):
         self.gen, self.world_size, self.per_node = gen, world_size, per_node
         self._seen: set[int] = set()  # every worker pid of every generation of this launch
 
-    # -- the Generation protocol -------------------------------------------------------------
+    # -- the LiveGeneration protocol -------------------------------------------------------------
     def pids(self) -> dict[int, int]:
         pids = self._launcher._pid_of(self.gen)
         self._seen.update(pids.values())

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, Generation, LaunchContext, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               wait_until)
 from pytest_reshard.supervisor.launch.forkserver import ForkServer
 from pytest_reshard.supervisor.procfs import killpg
 from pytest_reshard.workloads import WARMUP
 
 
-class ForkGeneration(Generation):
+class ForkGeneration(LiveGeneration):
     def __init__(self, server: ForkServer, pids: dict[int, int]) -> None:
         self._server = server
         self._pids = pids
@@ -45,7 +45,7 @@ class ForkLauncher:
     def from_context(cls, ctx: LaunchContext) -> "ForkLauncher":
         return cls(ctx.preload)
 
-    def launch(self, specs: Sequence[RankSpec]) -> Generation:
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
         if self._server is None or not self._server.alive():
             self._server = ForkServer(self.preload)
         pids = {s.rank: self._server.spawn(s.argv, s.env, s.cwd, s.log) for s in specs}

@@ -6,12 +6,12 @@ import subprocess
 import sys
 from typing import Sequence
 
-from pytest_reshard.supervisor.launch import KILL_WAIT_S, Generation, LaunchContext, RankSpec
+from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 from pytest_reshard.supervisor.procfs import killpg
 
 
-class PopenGeneration(Generation):
+class PopenGeneration(LiveGeneration):
     def __init__(self, procs: dict[int, subprocess.Popen]) -> None:
         self._procs = procs
 
@@ -40,7 +40,7 @@ class LocalLauncher:
     def from_context(cls, ctx: LaunchContext) -> "LocalLauncher":
         return cls()
 
-    def launch(self, specs: Sequence[RankSpec]) -> Generation:
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
         parent = os.getpid()
         procs = {}
         for spec in specs:

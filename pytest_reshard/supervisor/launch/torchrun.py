@@ -12,13 +12,13 @@ import sys
 from typing import Callable, Sequence
 
 from pytest_reshard.contract import Env
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, Generation, LaunchContext, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               free_port, module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 from pytest_reshard.supervisor.procfs import killpg, running
 
 
-class TorchrunGeneration(Generation):
+class TorchrunGeneration(LiveGeneration):
     def __init__(self, agent: subprocess.Popen, pid_of: Callable[[], dict[int, int]],
                  clean_exit: Callable[[int], bool], world_size: int) -> None:
         self._agent = agent
@@ -74,7 +74,7 @@ class TorchrunLauncher:
     def from_context(cls, ctx: LaunchContext) -> "TorchrunLauncher":
         return cls(ctx.pid_of, ctx.clean_exit)
 
-    def launch(self, specs: Sequence[RankSpec]) -> Generation:
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
         first = specs[0]
         env = {k: v for k, v in first.env.items()
                if k not in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "MASTER_PORT")}
