@@ -87,7 +87,7 @@ def test_nodes_are_separate_hosts_that_reach_each_other_and_vanish_on_close():
 @pytest.mark.skipif(NETNS_MISSING is not None, reason=str(NETNS_MISSING))
 def test_a_creator_killed_before_close_leaves_nothing_for_long(tmp_path):
     """SIGKILL the process that made a network: the next create() sweeps it away."""
-    code = ("from pytest_reshard import netns; import os; n = netns.create(1, mode='netns'); "
+    code = ("from pytest_reshard.supervisor.launch import netns; import os; n = netns.create(1, mode='netns'); "
             "print(n.namespaces[0], flush=True); os._exit(0)")
     name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60).stdout.strip()

@@ -166,7 +166,9 @@ class Supervisor:
         else:
             self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
                                                           store is not None))
-        watch = Watch(self, gen, world_size, launched, deadline)
+        watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
+                      record=self.record, fired=self.fired, launched=launched, deadline=deadline,
+                      on_status=self.on_status)
         outcome = None
         try:
             outcome = watch.run()

@@ -6,7 +6,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_reshard.contract import Cause, Ev
 from pytest_reshard.schedule import kinds
@@ -14,7 +14,9 @@ from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import LiveGeneration
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_reshard.supervisor.run import Supervisor
+    from pytest_reshard.contract import RunDir
+    from pytest_reshard.supervisor.scenario import Scenario
+    from pytest_reshard.supervisor.tail import EventTail
 
 #: How often the watch loop looks at the ranks: a death is seen within one poll.
 POLL_S = 0.02
@@ -80,10 +82,15 @@ def _is(ev: dict, ending: kinds.Ending) -> bool:
 class Watch:
     """The poll loop of one generation; returns its Outcome."""
 
-    def __init__(self, sup: Supervisor, gen: int, world_size: int, launched: float,
-                 deadline: float) -> None:
-        self.sup, self.gen, self.world_size = sup, gen, world_size
-        self.sc = sup.scenario
+    def __init__(self, scenario: Scenario, gen: int, live: LiveGeneration, *, world_size: int,
+                 tail: EventTail, run_dir: RunDir, record: Callable[..., None],
+                 fired: dict[int, dict], launched: float, deadline: float,
+                 on_status: Callable[[Status], None] | None = None) -> None:
+        """``fired`` (fault id -> its event) is shared with the supervisor across generations;
+        ``record`` writes a supervisor event; ``on_status`` gets the live progress."""
+        self.sc, self.gen, self.live, self.world_size = scenario, gen, live, world_size
+        self.tail, self.dir, self.record, self.fired = tail, run_dir, record, fired
+        self.on_status = on_status
         self.deadline = deadline
         self.last_progress = launched
         self.started_training = False
@@ -97,9 +104,9 @@ class Watch:
 
     def _detect(self, kind: Detected, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
-        step, phase = self.sup.tail.last_position(self.gen, rank)
+        step, phase = self.tail.last_position(self.gen, rank)
         latency = None if since is None else round(time.time() - since, 4)
-        self.sup.record(Ev.DETECT, gen=self.gen, kind=kind.value, rank=rank, step=step,
+        self.record(Ev.DETECT, gen=self.gen, kind=kind.value, rank=rank, step=step,
                         phase=phase, exit_code=code, latency_s=latency, expected=expected)
         where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
         return {Detected.DIED: f"rank {rank} died (exit code {code}) {where}",
@@ -119,8 +126,8 @@ class Watch:
             kind = ev["ev"]
             if kind == Ev.BEGIN:
                 self.started_training = True
-            elif kind == Ev.FAULT and ev["id"] not in self.sup.fired:
-                self.sup.fired[ev["id"]] = ev
+            elif kind == Ev.FAULT and ev["id"] not in self.fired:
+                self.fired[ev["id"]] = ev
                 declared = kinds.get(ev["kind"])
                 if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED and self.planned is None:
                     self.planned = ev
@@ -128,25 +135,25 @@ class Watch:
             elif kind == Ev.REQUEST and self.planned is None:
                 # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
                 # attributed to the last fault that fired in this generation, if any.
-                fired = [f for f in self.sup.fired.values() if f["gen"] == self.gen]
+                fired = [f for f in self.fired.values() if f["gen"] == self.gen]
                 self.planned = {"kind": Cause.DRAIN.value, "id": fired[-1]["id"] if fired else None,
                                 "step": ev["step"] if "step" in ev else None, "phase": "request",
                                 "params": {"to_world_size": ev["to_world_size"]},
                                 "reason": ev.get("reason", "")}
                 self.plan_deadline = now + float(ev.get("grace_s", 30.0))
-        if events and self.sup.on_status is not None:
+        if events and self.on_status is not None:
             self._status(events)
 
     def _status(self, events: list[dict]) -> None:
         begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
         if begun:
             self.step = max([*begun, *([] if self.step is None else [self.step])])
-        self.sup.on_status(Status(self.gen, self.world_size, self.step, self.sc.steps,
-                                  len(self.sup.fired), len(self.sc.schedule.faults)))
+        self.on_status(Status(self.gen, self.world_size, self.step, self.sc.steps,
+                                  len(self.fired), len(self.sc.schedule.faults)))
 
     def _on_exit(self, rank: int, code: int, codes: dict[int, int | None], now: float) -> None:
         """Judge one rank's exit: normal, or the generation's first failure."""
-        normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)  # SIGABRT after close
+        normal = code == 0 or self.tail.clean_exit(self.gen, rank)  # SIGABRT after close
         if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
             self.reported.add(rank)
             return
@@ -157,7 +164,7 @@ class Watch:
             if codes.get(culprit) is None:
                 return  # judge again once the culprit's exit is reported
             rank, code = culprit, codes[culprit]
-            normal = code == 0 or self.sup.tail.clean_exit(self.gen, rank)
+            normal = code == 0 or self.tail.clean_exit(self.gen, rank)
         self.reported.add(rank)
         fault = self._fault_for(rank, kinds.Ending.DEATH)
         # exit 0 mid-run without a planned event: a silent death (a process that vanished
@@ -179,12 +186,12 @@ class Watch:
             self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
             if budget and peak > budget and self.failure is None:
                 live.signal(rank, signal.SIGKILL)
-                step, phase = self.sup.tail.last_position(self.gen, rank)
+                step, phase = self.tail.last_position(self.gen, rank)
                 where = f"at step {step}, phase {phase}" if step is not None else "before its first step"
                 detail = (f"rank {rank} exceeded its memory budget {where}: peak RSS "
                           f"{peak / 2**20:.0f} MiB > budget {budget / 2**20:.0f} MiB; "
                           f"killed it as the OOM killer would")
-                self.sup.record(Ev.DETECT, gen=self.gen, kind=Detected.OOM.value, rank=rank, step=step,
+                self.record(Ev.DETECT, gen=self.gen, kind=Detected.OOM.value, rank=rank, step=step,
                                 phase=phase, exit_code=-signal.SIGKILL, latency_s=None,
                                 expected=False, detail=detail)
                 self.reported.add(rank)
@@ -192,22 +199,20 @@ class Watch:
 
     def _faulted_rank(self, ending: kinds.Ending) -> int | None:
         """The rank a fault that ends its victim this way fired on, in this generation."""
-        for (gen, rank), evs in self.sup.tail.by_rank.items():
+        for (gen, rank), evs in self.tail.by_rank.items():
             if gen == self.gen and any(_is(e, ending) for e in evs):
                 return rank
         return None
 
     def _fault_for(self, rank: int, ending: kinds.Ending) -> dict | None:
-        return next((e for e in self.sup.tail.events(self.gen, rank) if _is(e, ending)), None)
+        return next((e for e in self.tail.events(self.gen, rank) if _is(e, ending)), None)
 
     def run(self) -> Outcome:
-        sup, sc, gen = self.sup, self.sc, self.gen
-        live = sup._live
-        assert live is not None
+        sc, gen, live = self.sc, self.gen, self.live
         while True:
             codes = live.exit_codes()  # first: a rank writes all its events before it exits
-            sup.tail.poll(gen)
-            self._on_events(sup.tail.take())
+            self.tail.poll(gen)
+            self._on_events(self.tail.take())
             now = time.monotonic()
             # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
             # silent exit, an exception of its own) stops writing events before its peers fail.
@@ -261,7 +266,7 @@ class Watch:
         self.failure = Failure(rank, -signal.SIGKILL, time.monotonic(), outcome.detail)
 
     def _hb(self, rank: int) -> str:
-        return str(self.sup.dir.heartbeat(self.gen, rank))
+        return str(self.dir.heartbeat(self.gen, rank))
 
     def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
         """A live rank whose heartbeat is silent: at once (``hang_s``) if the kernel says it is
@@ -269,7 +274,7 @@ class Watch:
         import holding the GIL can delay a heartbeat, and a false "stopped" is a false verdict.
         """
         now = time.time()
-        pids = self.sup._live.pids() if self.sup._live is not None else {}
+        pids = self.live.pids()
         for rank, code in codes.items():
             if code is not None:
                 continue
@@ -338,7 +343,7 @@ class Watch:
         return Outcome(Cause.COMPLETE)
 
     def _last_event_t(self, rank: int) -> float:
-        events = self.sup.tail.events(self.gen, rank)
+        events = self.tail.events(self.gen, rank)
         return events[-1]["t"] if events else float("inf")
 
     def _finished(self, codes: dict[int, int | None]) -> bool:
@@ -349,7 +354,7 @@ class Watch:
         """The last step whose effect the rank holds: the last it ended, or the one before where
         it resumed (a generation that resumes past the last step has nothing left to run)."""
         done = [ev["step"] if ev["ev"] == Ev.END else ev["step"] - 1
-                for ev in self.sup.tail.events(self.gen, rank) if ev["ev"] in (Ev.END, Ev.RESUMED)]
+                for ev in self.tail.events(self.gen, rank) if ev["ev"] in (Ev.END, Ev.RESUMED)]
         return max(done) if done else None
 
 
