@@ -9,17 +9,32 @@ is enough to start debugging.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any, Iterable, Mapping
 
-__all__ = ["Verdict", "combine", "PASS", "FAIL", "UNKNOWN"]
+__all__ = ["Verdict", "Status", "combine", "PASS", "FAIL", "UNKNOWN"]
 
-PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+
+class Status(str, Enum):
+    """A verdict's status. A ``str``: ``Status.PASS == "pass"``, it formats, hashes and
+    serialises to JSON as ``"pass"``, so plain strings keep working wherever a status is read."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+    __hash__ = str.__hash__   # Enum hashes the member *name*; a dict keyed by "pass" must find it
+
+
+PASS, FAIL, UNKNOWN = Status.PASS, Status.FAIL, Status.UNKNOWN
 _RANK = {PASS: 0, UNKNOWN: 1, FAIL: 2}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: str                  # "pass" | "fail" | "unknown"
+    status: Status               # "pass" | "fail" | "unknown" (a plain string is accepted)
     check: str                   # the checker's name, e.g. "no_rewind"
     message: str                 # what happened, where, and what to do
     step: int | None = None
@@ -31,7 +46,9 @@ class Verdict:
 
     def __post_init__(self) -> None:
         if self.status not in _RANK:
-            raise ValueError(f"verdict status must be one of {sorted(_RANK)}, got {self.status!r}")
+            raise ValueError(f"verdict status must be one of {[s.value for s in Status]}, got "
+                             f"{self.status!r}")
+        object.__setattr__(self, "status", Status(self.status))
         object.__setattr__(self, "details", dict(self.details))
 
     @classmethod
@@ -46,10 +63,6 @@ class Verdict:
     def unknown(cls, check: str, message: str, **where: Any) -> "Verdict":
         return cls(UNKNOWN, check, message, **where)
 
-    @property
-    def ok(self) -> bool:
-        return self.status == PASS
-
     def where(self) -> str:
         """``step 12, rank 2, generation 1, after kill(rank:2) at step 12 backward``, or ''."""
         parts = [f"{name} {value}" for name, value in
@@ -60,7 +73,10 @@ class Verdict:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON-able data (the status a plain ``str``, as pytest-xdist's channel needs)."""
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
 
     def __str__(self) -> str:
         where = self.where()
