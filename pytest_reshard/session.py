@@ -123,46 +123,16 @@ class Session:
         self.png_skipped = written.png_skipped
         return written.page
 
-    def check(self, scenario: Scenario, history: History) -> dict[str, Any]:
-        verdicts = {
-            "no_rewind": checkers.no_rewind(history),
-            "exactly_once_samples": None,
-            "loss_continuity": None,
-            "state_equivalence": checkers.state_equivalence(history),
-            "liveness": checkers.liveness(history),
-            "poisoned_commit": checkers.poisoned_commit(history),
-        }
-        first = initial_roles(scenario)
-        reference = self.reference(scenario, first)
-        other = _other_topology(scenario, first, history)
-        second = self.reference(scenario, other) if other is not None else None
-        broken = [(h, v) for h in (reference, second) if h is not None
-                  for v in [checkers.liveness(h)] if v.status != "pass"]
-        if broken:  # without a clean run there is nothing to compare against: say so
-            h, v = broken[0]
-            why = (f"the clean reference run (world size {h.scenario.world_size if h.scenario else '?'}) "
-                   f"did not finish: {v.message}")
-            for name in ("loss_continuity", "exactly_once_samples"):
-                verdicts[name] = Verdict.unknown(name, why)
-        else:
-            spread = checkers.measure_spread(reference, second) if second is not None else None
-            verdicts["loss_continuity"] = checkers.loss_continuity(history, reference=reference,
-                                                                   spread=spread)
-            verdicts["exactly_once_samples"] = checkers.exactly_once_samples(history,
-                                                                             reference=reference)
-        if checkers.has_roles(history, *checkers.PIPELINE_ROLES):
-            verdicts["sample_ledger"] = checkers.sample_ledger(history)
-        if history.has_tokens():
-            topologies = {tuple(g.roles) for g in history.generations.values() if g.roles}
-            verdicts["throughput"] = checkers.throughput(
-                history, references={t: self.reference(scenario, t) for t in sorted(topologies)},
-                min_fraction=scenario.min_throughput)
-        if scenario.memory_budget_bytes:
-            verdicts["memory_headroom"] = checkers.memory_headroom(history)
-        if scenario.backend == "nccl" or any(e.get("what") == "allocator"
-                                             for e in history.rank_events("note")):
-            verdicts["allocator_fragmentation"] = checkers.allocator_fragmentation(history)
-        return verdicts
+    def check(self, scenario: Scenario, history: History) -> dict[str, Verdict]:
+        """Every registered checker that applies to this run, by name (``checkers.registry``).
+
+        Checkers that need clean runs get them through the context from ``reference`` (run
+        once per configuration and topology, cached); one that raises is an ``unknown`` verdict
+        naming it and the exception, and one that does not apply is absent."""
+        ctx = checkers.CheckContext(history, scenario,
+                                    reference_runs=lambda roles: self.reference(scenario, roles),
+                                    opted_in=frozenset())
+        return checkers.run_all(ctx)
 
 
 def initial_roles(scenario: Scenario) -> list[str]:
@@ -176,28 +146,6 @@ def _topology(roles: Sequence[str]) -> str:
     if len(counts) == 1:
         return f"world size {len(roles)}"
     return " + ".join(f"{n} {role}" for role, n in counts.items())
-
-
-def _other_topology(scenario: Scenario, first: list[str], history: History) -> list[str] | None:
-    """A second topology whose clean run sets the noise floor: one the run used, else half the
-    ranks (one role, or a bundled workload's default split)."""
-    used = [list(g.roles) for _, g in sorted(history.generations.items())
-            if g.roles and list(g.roles) != first]
-    if used:
-        return used[0]
-    if len(set(first)) == 1:
-        half = len(first) // 2
-        return first[:half] if half else None
-    # Several roles: move one rank from the biggest role to the smallest (2+2 -> 1+3), which
-    # changes how the work splits as a reshard would, and keeps every role.
-    counts = Counter(first)
-    big = max(counts, key=counts.get)
-    small = min((r for r in counts if r != big), key=counts.get)
-    if counts[big] < 2:
-        return None
-    out = list(first)
-    out[max(i for i, r in enumerate(out) if r == big)] = small
-    return sorted(out, key=list(counts).index)
 
 
 def _safe(name: str) -> str:

@@ -3,10 +3,9 @@ from __future__ import annotations
 import pytest
 
 from .histories import DIGEST, Builder, clean_run, default_loss, reshard_run
-from pytest_reshard.checkers import (DEFAULT_CHECKS, exactly_once_samples, liveness,
-                                     loss_continuity, measure_spread, no_rewind, run_checks,
-                                     state_equivalence)
-from pytest_reshard.history import History
+from pytest_reshard import checkers
+from pytest_reshard.checkers import (exactly_once_samples, liveness, loss_continuity,
+                                     measure_spread, no_rewind, state_equivalence)
 from pytest_reshard.verdict import Verdict, combine
 
 KILL = {"kind": "kill", "target": "rank:1", "step": 14, "phase": "backward", "params": {}}
@@ -326,18 +325,40 @@ def test_liveness_without_scenario_is_unknown() -> None:
 
 
 # -- registry --------------------------------------------------------------------------------
-def test_run_checks_passes_inputs_each_checker_accepts() -> None:
-    verdicts = run_checks(reshard_run().history(), reference=clean_run(), spread=1e-6)
-    assert [v.check for v in verdicts] == list(DEFAULT_CHECKS)
-    assert combine(verdicts).status == "pass", combine(verdicts)
+def test_the_registry_runs_every_checker_that_applies_to_a_history() -> None:
+    """A context without a scenario or clean runs: the checkers that need a reference say
+    unknown; the pipeline, token, memory and CUDA checkers do not apply."""
+    verdicts = checkers.run_all(checkers.CheckContext(reshard_run().history()))
+    assert list(verdicts) == ["no_rewind", "loss_continuity", "exactly_once_samples",
+                              "state_equivalence", "liveness", "poisoned_commit"]
+    assert verdicts["loss_continuity"].status == "unknown"
+    assert "no reference run" in verdicts["loss_continuity"].message
+    assert all(verdicts[c].status == "pass" for c in ("no_rewind", "state_equivalence", "liveness"))
 
 
-def test_run_checks_turns_a_crash_into_unknown() -> None:
-    def broken(history: History) -> Verdict:
-        raise KeyError("boom")
+def test_the_registry_gives_clean_runs_from_the_context() -> None:
+    calls: list[list[str]] = []
 
-    [v] = run_checks(clean_run(), {"broken": broken})
-    assert v.status == "unknown" and "KeyError" in v.message
+    def reference(roles):
+        calls.append(list(roles))
+        return clean_run()
+
+    ctx = checkers.CheckContext(reshard_run().history(), reference_runs=reference)
+    verdicts = checkers.run_all(ctx)
+    assert combine(list(verdicts.values())).status == "pass", verdicts
+    # the first topology, then the run's second one (the noise floor); asked for once
+    assert [len(r) for r in calls] == [2, 3]
+
+
+def test_a_reference_that_did_not_finish_makes_loss_and_samples_unknown() -> None:
+    b = Builder(steps=20)
+    b.gen(run=range(5), cause="failure")
+    ctx = checkers.CheckContext(reshard_run().history(), reference_runs=lambda roles: b.history())
+    verdicts = checkers.run_all(ctx)
+    for name in ("loss_continuity", "exactly_once_samples"):
+        assert verdicts[name].status == "unknown"
+        assert verdicts[name].message.startswith("the clean reference run (world size 2) did not "
+                                                 "finish: the run did not reach its target")
 
 
 def test_liveness_when_the_supervisor_gave_up() -> None:

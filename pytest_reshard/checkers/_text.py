@@ -1,0 +1,64 @@
+"""Helpers the checkers share to word their messages (and find the generation before another)."""
+from __future__ import annotations
+
+from typing import Iterable
+
+from pytest_reshard.history import Generation, History
+
+#: How many further problems a summary lists after the first.
+_MAX_LISTED = 3
+
+
+def _ranges(steps: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0..2, 5, 7..8"``."""
+    out: list[str] = []
+    items = sorted(set(steps))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}..{items[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _previous(history: History, gen: int) -> Generation | None:
+    earlier = [g for g in history.generations if g < gen]
+    return history.generations[max(earlier)] if earlier else None
+
+
+def _fault_before(history: History, gen: int) -> str | None:
+    """The scheduled fault that ended the generation before ``gen``, described."""
+    prev = _previous(history, gen)
+    return history.describe_fault(prev.fault_id) if prev else None
+
+
+def _cause_phrase(history: History, ended: Generation) -> str:
+    """How a generation ended, in words: 'a planned reshard (shift_shards(all) at step 12 ...)'."""
+    fault = history.describe_fault(ended.fault_id)
+    words = {
+        "reshard": "a planned reshard" if ended.planned else "an unplanned reshard",
+        "preempt": "a preemption (SIGTERM)", "failure": "an unplanned failure",
+        "hang": "a hang", "timeout": "a timeout", "error": "a harness error",
+        "complete": "a completed generation", "drain": "a drain the workload requested",
+        "rebalance": "a planned rebalance",
+    }
+    if ended.cause is None:
+        return f"generation {ended.gen} ended with no supervisor record (treated as unplanned)"
+    text = words.get(ended.cause, f"{'a planned' if ended.planned else 'an unplanned'} "
+                                  f"{ended.cause}")
+    return f"{text} ({fault})" if fault else text
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _summarise(messages: list[str]) -> str:
+    """The first message, plus a count and the next few."""
+    if len(messages) == 1:
+        return messages[0]
+    more = messages[1:1 + _MAX_LISTED]
+    tail = "; ".join(more) + ("; ..." if len(messages) > 1 + _MAX_LISTED else "")
+    return f"{messages[0]} (+{len(messages) - 1} more: {tail})"

@@ -1,0 +1,130 @@
+"""What a registered checker is given: the run's history and scenario, and lazy clean runs.
+
+The session builds one ``CheckContext`` per scenario and hands it to every registered checker
+(``checkers.registry``). A clean reference run costs a whole run, so the context never starts one
+itself: ``ctx.reference(roles)`` asks the session, which runs it once per configuration and
+topology and caches it; a checker that needs none costs nothing.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
+
+from pytest_reshard.history import History
+
+if TYPE_CHECKING:  # the supervisor is not imported to read a history
+    from pytest_reshard.supervisor import Scenario
+
+__all__ = ["CheckContext", "CleanRuns", "ReferenceRuns", "noise_floor_roles"]
+
+#: ``reference(roles) -> History``: a fault-free run of the same workload, seed and data with one
+#: rank per entry of ``roles`` (the session's ``Session.reference``, cached there).
+ReferenceRuns = Callable[[Sequence[str]], History]
+
+
+class CleanRuns(NamedTuple):
+    """The clean runs that loss continuity and lost samples are judged against."""
+
+    reference: History | None   # at the scenario's first topology; None: no reference available
+    second: History | None      # at another topology, to measure the noise floor; None: none
+    broken: str | None          # why neither can be used: a clean run did not finish (else None)
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Everything a checker may read about one run.
+
+    ``history``: what the run recorded. ``scenario``: what it was asked to do (None when a
+    history is checked on its own). ``reference``: the session's clean-run source (None: no clean
+    runs can be had, and the checkers that need one say ``unknown``). ``opted_in``: names of
+    checkers the workload asks for; an opted-in checker runs even where its own rule would
+    not apply it.
+    """
+
+    history: History
+    scenario: "Scenario | None" = None
+    reference_runs: ReferenceRuns | None = None
+    opted_in: frozenset[str] = frozenset()
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def reference(self, roles: Sequence[str]) -> History:
+        """The clean run with these ranks' roles (started by the session on first use, then
+        cached). Raises ``LookupError`` when this context has no source of clean runs."""
+        if self.reference_runs is None:
+            raise LookupError("this check context has no clean reference runs (it was built "
+                              "without reference_runs=); run the scenario through a Session")
+        return self.reference_runs(list(roles))
+
+    @property
+    def has_references(self) -> bool:
+        return self.reference_runs is not None
+
+    @property
+    def first_roles(self) -> list[str]:
+        """Each rank's role in the first generation as the scenario asked for it (or as the
+        history recorded it, without a scenario)."""
+        if self.scenario is not None:
+            return self.scenario.initial_roles()
+        gens = self.history.generations
+        return list(gens[min(gens)].roles) if gens else []
+
+    def has_roles(self, *roles: str) -> bool:
+        """Some generation of the run has a rank of each of ``roles``."""
+        return any(set(roles) <= set(g.roles) for g in self.history.generations.values())
+
+    def clean_runs(self) -> CleanRuns:
+        """The clean run at the first topology, one at a second topology for the noise floor
+        (``noise_floor_roles``), and whether either failed to finish (computed once)."""
+        if "clean" not in self._cache:
+            try:
+                self._cache["clean"] = self._clean_runs()
+            except Exception as e:  # a clean run that cannot start is not started twice
+                self._cache["clean"] = e
+        clean = self._cache["clean"]
+        if isinstance(clean, Exception):
+            raise clean
+        assert isinstance(clean, CleanRuns)
+        return clean
+
+    def _clean_runs(self) -> CleanRuns:
+        if self.reference_runs is None:
+            return CleanRuns(None, None, None)
+        from pytest_reshard.checkers.liveness import liveness
+
+        first = self.first_roles
+        reference = self.reference(first)
+        other = noise_floor_roles(first, self.history)
+        second = self.reference(other) if other is not None else None
+        for h in (reference, second):
+            if h is None:
+                continue
+            v = liveness(h)
+            if v.status != "pass":  # without a clean run there is nothing to compare against
+                size = h.scenario.world_size if h.scenario else "?"
+                return CleanRuns(reference, second, f"the clean reference run (world size {size}) "
+                                                    f"did not finish: {v.message}")
+        return CleanRuns(reference, second, None)
+
+
+def noise_floor_roles(first: list[str], history: History) -> list[str] | None:
+    """A second topology whose clean run sets the noise floor: one the run used, else half the
+    ranks (one role), else one rank moved from the biggest role to the smallest (None when no
+    such topology keeps every role)."""
+    used = [list(g.roles) for _, g in sorted(history.generations.items())
+            if g.roles and list(g.roles) != first]
+    if used:
+        return used[0]
+    if len(set(first)) == 1:
+        half = len(first) // 2
+        return first[:half] if half else None
+    # Several roles: move one rank from the biggest role to the smallest (2+2 -> 1+3), which
+    # changes how the work splits as a reshard would, and keeps every role.
+    counts = Counter(first)
+    big = max(counts, key=lambda r: counts[r])
+    small = min((r for r in counts if r != big), key=lambda r: counts[r])
+    if counts[big] < 2:
+        return None
+    out = list(first)
+    out[max(i for i, r in enumerate(out) if r == big)] = small
+    return sorted(out, key=list(counts).index)

@@ -1,0 +1,104 @@
+"""no_rewind: a rewind is a committed step executed again.
+
+At each generation change the cost is the number of committed steps still in effect that the new
+generation's resume step throws away (a step discarded once is not charged again). Planned
+transitions (a reshard with notice, a SIGTERM preemption) may cost 0; unplanned ones at most
+``max_rewind_steps`` (undeclared: 0). Resuming *past* steps that never ran is flagged too.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_reshard.checkers._text import _cause_phrase, _count, _fault_before, _ranges, _summarise
+from pytest_reshard.checkers.context import CheckContext
+from pytest_reshard.checkers.registry import register
+from pytest_reshard.history import Generation, History
+from pytest_reshard.verdict import Verdict
+
+
+def no_rewind(history: History) -> Verdict:
+    """No committed step is executed again beyond the budget, and no step is skipped."""
+    check, replay = "no_rewind", history.replay
+    if not history.generations:
+        return Verdict.unknown(check, "the history has no generation: no rank recorded anything; "
+                               "does the workload call probe.attach()?", replay=replay)
+    live_committed: set[int] = set()   # committed steps whose effect is still in the state
+    live_ended: set[int] = set()       # steps some rank finished, still in the state
+    pending: list[Generation] = []     # generations ended since the last one that resumed
+    problems: list[dict[str, Any]] = []
+    transitions: list[dict[str, Any]] = []
+    for g in sorted(history.generations):
+        gen = history.generations[g]
+        resume = gen.resume_step
+        if resume is None:              # never got as far as resuming: nothing changed
+            pending.append(gen)
+            continue
+        began = history.begun(g)
+        replayed = sorted({s for s in live_committed if s >= resume} | (live_committed & began))
+        if pending:                     # a transition: the generations in `pending` ended
+            planned = all(p.planned for p in pending)
+            culprit = next((p for p in pending if not p.planned), pending[-1])
+            # What the failed generation promised counts too: a pipeline that declared 0 (its
+            # drafters replicate the state) and came back smaller must still have lost nothing.
+            declared = min([history.max_rewind_steps(p.gen) for p in pending]
+                           + [history.max_rewind_steps(g)])
+            budget = 0 if planned else declared
+            fault = history.describe_fault(culprit.fault_id)
+            cause = _cause_phrase(history, culprit)
+            transitions.append({"generation": g, "resume_step": resume, "planned": planned,
+                                "replayed": replayed, "budget": budget, "fault": fault})
+            if len(replayed) > budget:
+                if planned:
+                    hint = ("a planned reshard or preemption must cost nothing: save when "
+                            "run.reshard_requested() or run.stop_requested() says so, and resume "
+                            "from that save at the next step")
+                elif declared == 0:
+                    hint = ("the workload's rewind budget is 0 (declared so, or unset): declare its "
+                            "checkpoint interval with probe.attach(max_rewind_steps=N) or keep "
+                            "redundant in-memory state that survives this fault")
+                else:
+                    hint = (f"the workload declares max_rewind_steps={budget}: checkpoint more "
+                            "often, or resume from the latest save")
+                problems.append({
+                    "message": f"generation {g} resumed at step {resume} after {cause}: committed "
+                               f"steps {_ranges(replayed)} replayed ({len(replayed)} steps, "
+                               f"budget {budget}); {hint}",
+                    "step": resume, "generation": g, "fault": fault})
+        last = max(live_ended, default=-1)
+        if resume > last + 1:
+            before = (f"the last step finished before was {last}" if last >= 0
+                      else "no step had finished before")
+            problems.append({
+                "message": f"generation {g} resumed at step {resume} but {before}: steps "
+                           f"{_ranges(range(last + 1, resume))} were never run; the resume step "
+                           "must be the saved step + 1",
+                "step": resume, "generation": g, "fault": _fault_before(history, g)})
+        live_committed = {s for s in live_committed if s < resume and s not in began}
+        live_committed |= history.committed(g)
+        live_ended = {s for s in live_ended if s < resume} | history.ended(g)
+        pending = [gen]
+    details = {"transitions": transitions, "problems": [p["message"] for p in problems]}
+    if problems:
+        first = problems[0]
+        return Verdict.failed(check, _summarise([p["message"] for p in problems]),
+                              step=first["step"], generation=first["generation"],
+                              fault=first["fault"], details=details, replay=replay)
+    if not transitions:
+        return Verdict.passed(check, "no generation resumed after another: nothing replayed",
+                              details=details, replay=replay)
+    lost = [t for t in transitions if t["replayed"]]
+    if lost:
+        text = ", ".join(f"generation {t['generation']} replayed {len(t['replayed'])} of "
+                         f"budget {t['budget']}" for t in lost)
+        return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')}, "
+                                     f"rewinds within budget: {text}", details=details,
+                              replay=replay)
+    return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')} replayed no "
+                                 "committed step", details=details, replay=replay)
+
+
+@register("no_rewind", column="rewind", assertion="assert_no_rewind",
+          description="no committed step is executed again beyond the rewind budget (0 for "
+                      "planned reshards and preemptions), and no step is skipped")
+def _check(ctx: CheckContext) -> Verdict:
+    return no_rewind(ctx.history)
