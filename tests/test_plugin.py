@@ -54,7 +54,7 @@ def test_gpu_and_nightly_markers_skip_with_reasons(pytester):
         @pytest.mark.nightly
         def test_nightly(): pass
     """)
-    result = pytester.runpytest("-rs")
+    result = pytester.runpytest_subprocess("-rs")  # the gpu marker imports torch: not in this process
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*needs 2 CUDA device(s), found 0*",
                                  "*nightly chaos run: pass --reshard-nightly*"])

@@ -3,30 +3,52 @@
 Tables are drawn from summary rows (``summary_row``): plain JSON data, so rows made on pytest-xdist
 workers travel to the controller, which prints one table for the whole session. ``Result``
 objects are accepted too and turned into rows.
+
+The columns come from the checker registry (``pytest_reshard.checkers``): one per checker that
+ran in at least one row, in registration order. A row carries each of its checks' column header,
+so a checker registered only where the row was made (an xdist worker's conftest) still gets its
+column, after the registered ones.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-COLUMNS = [("no_rewind", "rewind"), ("loss_continuity", "loss"),
-           ("exactly_once_samples", "samples"), ("state_equivalence", "state"),
-           ("liveness", "live"), ("poisoned_commit", "ecc"), ("sample_ledger", "ledger"),
-           ("throughput", "tok/s"), ("memory_headroom", "mem")]
+from pytest_reshard import checkers
+
 MARK = {"pass": "pass", "fail": "FAIL", "unknown": "?"}
 
 
 Row = Mapping[str, Any]
 
 
+def columns_of(rows: Sequence[Row]) -> list[tuple[str, str]]:
+    """``(check, header)`` of each column for these rows: the registered checkers that ran in
+    any of them (registration order), then checks this process did not register, headed as
+    their rows say (else by the check's name). No rows: every registered checker."""
+    if not rows:
+        return checkers.columns()
+    headers: dict[str, str] = {}
+    for r in rows:
+        headers.update({c: h for c, h in (r.get("columns") or {}).items() if c not in headers})
+    return checkers.columns([c for r in rows for c in r["checks"]], headers)
+
+
 def summary_row(result: Any, worker: str | None = None) -> dict[str, Any]:
     """A scenario's line of the summary as JSON-able data (what an xdist worker sends back)."""
     return {"name": result.name, "faults": result.scenario.schedule.describe(),
-            "status": result.verdict.status, "wall_s": round(float(result.wall_s), 3),
+            "status": str(result.verdict.status), "wall_s": round(float(result.wall_s), 3),
             "replay": result.replay, "schedule_hash": result.scenario.schedule.hash,
-            "checks": {c: {"status": v.status, "message": v.message} for c, v in result.verdicts.items()},
+            "checks": {c: {"status": str(v.status), "message": v.message}
+                       for c, v in result.verdicts.items()},
+            "columns": {c: _header(c) for c in result.verdicts},
             "run_dir": str(result.run_dir),
             "report": str(result.report) if getattr(result, "report", None) else None,
             "worker": worker}
+
+
+def _header(check: str) -> str:
+    registered = checkers.get(check)
+    return registered.column if registered is not None else check
 
 
 def rows_of(results: Sequence[Any]) -> list[Row]:
@@ -36,10 +58,11 @@ def rows_of(results: Sequence[Any]) -> list[Row]:
 def verdict_table(results: Sequence[Any]) -> list[str]:
     """One row per scenario: name, faults, each checker's verdict, wall time."""
     data = rows_of(results)
-    rows = [["scenario", "faults", *(short for _, short in COLUMNS), "wall s"]]
+    cols = columns_of(data)
+    rows = [["scenario", "faults", *(short for _, short in cols), "wall s"]]
     for r in data:
         rows.append([_short_name(r["name"]), r["faults"],
-                     *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in COLUMNS),
+                     *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in cols),
                      f"{r['wall_s']:.1f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     widths[1] = min(widths[1], 72)
@@ -61,14 +84,23 @@ def _short_name(nodeid: str) -> str:
 def markdown_summary(results: Sequence[Any]) -> str:
     """The verdict table as Markdown, for ``$GITHUB_STEP_SUMMARY``."""
     data = rows_of(results)
-    head = ["scenario", "faults", *(short for _, short in COLUMNS), "wall s"]
+    cols = columns_of(data)
+    head = ["scenario", "faults", *(short for _, short in cols), "wall s"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in data:
         cells = [_short_name(r["name"]), r["faults"],
-                 *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in COLUMNS),
+                 *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in cols),
                  f"{r['wall_s']:.1f}"]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     failures = [f"- **{_short_name(r['name'])}** `{check}` {v['status']}: {v['message']}\n"
                 f"  replay: `{r['replay']}`" + (f"\n  report: `{r['report']}`" if r.get("report") else "")
                 for r in data for check, v in r["checks"].items() if v["status"] != "pass"]
     return "\n".join(["## reshard verdicts", "", *rows, "", *failures, ""])
+
+
+def __getattr__(name: str) -> Any:
+    """``COLUMNS``: every registered checker's ``(check, header)``, read from the registry at
+    each access (the name older callers import; ``columns_of(rows)`` also covers rows' own)."""
+    if name == "COLUMNS":
+        return checkers.columns()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
