@@ -108,6 +108,7 @@ class _State:
         self.png_skipped: str | None = None
         self.live: Any = None
         self.layout: Any = None  # this xdist worker's ports and GPUs (parallel.Layout)
+        self.lock: Any = None    # this process's hold on its artifacts folder
         info = getattr(config, "workerinput", None)
         if info is not None:  # an xdist worker: claim disjoint ports and GPUs before any run
             from pytest_reshard.parallel import configure
@@ -161,6 +162,43 @@ def pytest_configure(config: pytest.Config) -> None:
     state = config.stash[_STATE] = _State(config)
     _remember_seed(config, state)
     _use_profile(config.stash[_STATE].settings["reshard_profile"])
+    _check_startup(config, state)
+
+
+def _check_startup(config: pytest.Config, state: "_State") -> None:
+    """What would fail every scenario, rejected before any runs (exit 4, naming the option):
+    an artifacts folder that cannot be written or is another session's, a baseline that does not
+    exist, nccl asked for where there is no CUDA device."""
+    if config.getoption("help", False) or config.getoption("collectonly", False) \
+            or config.getoption("markers", False):
+        return
+    from pytest_reshard.session import ArtifactsInUse, lock_artifacts
+
+    s = state.settings
+    try:
+        state.lock = lock_artifacts(state.artifacts)
+    except ArtifactsInUse as e:
+        raise pytest.UsageError(f"--reshard-artifacts: {e}") from None
+    except OSError as e:
+        raise pytest.UsageError(f"--reshard-artifacts={s['reshard_artifacts']!r}: cannot write "
+                                f"there ({type(e).__name__}: {e}); pass a folder this user may "
+                                "create and write") from None
+    if s["reshard_compare"]:
+        path = Path(s["reshard_baselines"]) / f"{s['reshard_compare']}.json"
+        if not path.is_file():
+            saved = sorted(p.stem for p in Path(s["reshard_baselines"]).glob("*.json"))
+            raise pytest.UsageError(
+                f"--reshard-compare={s['reshard_compare']!r}: no baseline {path} "
+                f"({'saved ones: ' + ', '.join(saved) if saved else 'none is saved there'}); "
+                "save one first with --reshard-save-baseline=NAME")
+    if s["reshard_backend"] == "nccl":
+        import torch  # only when nccl is asked for by name
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--reshard-backend=nccl: no CUDA device is available here "
+                                    "(torch.cuda.is_available() is False), so no scenario could "
+                                    "run on NCCL; drop the option (auto picks gloo on CPU) or run "
+                                    "on a GPU runner")
 
 
 def _remember_seed(config: pytest.Config, state: "_State") -> None:
@@ -267,8 +305,8 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         name = request.node.nodeid + (f"-{count}" if count > 1 else "")
         harness = state.harness(request.config)
         try:
-            result = harness.run(scenario, name, replay=f"pytest {request.node.nodeid!r} "
-                                                        f"--reshard-seed={scenario.schedule.seed}")
+            result = harness.run(scenario, name, replay=_replay_command(
+                request, f"--reshard-seed={scenario.schedule.seed}"))
         finally:
             if state.live is not None:
                 state.live.finish()
@@ -308,6 +346,20 @@ def _gate(state: "_State", name: str, result: Any) -> None:
             + "\n".join("  " + c.describe() for c in bad))
 
 
+def _replay_command(request: pytest.FixtureRequest, *options: str) -> str:
+    """``pytest NODE OPTIONS`` that works from the folder pytest was started in: the node id's
+    file part is relative to the rootdir, which need not be that folder."""
+    import shlex
+
+    nodeid = request.node.nodeid
+    path, sep, rest = nodeid.partition("::")
+    here = request.config.invocation_params.dir
+    where = os.path.relpath(Path(request.config.rootpath) / path, here)
+    rootdir = [] if Path(request.config.rootpath) == Path(here) else \
+        [f"--rootdir={os.path.relpath(request.config.rootpath, here)}"]
+    return shlex.join(["pytest", where + sep + rest, *rootdir, *options])
+
+
 def _resolve_backend(backend: str) -> str:
     if backend == "gloo":
         return backend
@@ -315,7 +367,9 @@ def _resolve_backend(backend: str) -> str:
 
     has_cuda = torch.cuda.is_available()
     if backend == "nccl" and not has_cuda:
-        pytest.skip("backend nccl needs CUDA, and none is available here")
+        pytest.fail("backend='nccl' was asked for, but no CUDA device is available here; use "
+                    "backend='auto' to fall back to gloo on CPU, or mark the test "
+                    "@pytest.mark.gpu so that it is skipped without one", pytrace=False)
     return "nccl" if has_cuda else "gloo"
 
 
@@ -406,3 +460,5 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(_STATE, None)
     if state is not None and state.session is not None:
         state.session.close()
+    if state is not None and state.lock is not None:
+        state.lock.close()
