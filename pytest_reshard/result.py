@@ -47,7 +47,7 @@ class Result:
         """verdict.json and replay.txt beside the history, for CI artifacts."""
         data = {"name": self.name, "schedule_hash": self.scenario.schedule.hash,
                 "schedule": self.scenario.schedule.describe(), "wall_s": round(self.wall_s, 3),
-                "status": self.verdict.status.value, "replay": self.replay,
+                "status": self.verdict.status, "replay": self.replay,
                 "checks": {k: v.to_dict() for k, v in self.verdicts.items()}}
         (self.run_dir / "verdict.json").write_text(json.dumps(data, indent=2))
         (self.run_dir / "replay.txt").write_text(self.replay + "\n")

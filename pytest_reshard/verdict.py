@@ -16,8 +16,10 @@ __all__ = ["Verdict", "Status", "combine", "PASS", "FAIL", "UNKNOWN"]
 
 
 class Status(str, Enum):
-    """A verdict's status. A ``str``: ``Status.PASS == "pass"``, it formats, hashes and
-    serialises to JSON as ``"pass"``, so plain strings keep working wherever a status is read."""
+    """The statuses a verdict can have. A ``str`` Enum (``Status.PASS == "pass"``, formats and
+    hashes as ``"pass"``), accepted wherever a status is given. ``Verdict.status`` itself stays
+    the plain string: statuses travel where only built-in types may (JSON, pytest-xdist's
+    channel, junit properties), and ``Status(v.status)`` gives the member back."""
 
     PASS = "pass"
     FAIL = "fail"
@@ -28,13 +30,13 @@ class Status(str, Enum):
     __hash__ = str.__hash__   # Enum hashes the member *name*; a dict keyed by "pass" must find it
 
 
-PASS, FAIL, UNKNOWN = Status.PASS, Status.FAIL, Status.UNKNOWN
+PASS, FAIL, UNKNOWN = Status.PASS.value, Status.FAIL.value, Status.UNKNOWN.value
 _RANK = {PASS: 0, UNKNOWN: 1, FAIL: 2}
 
 
 @dataclass(frozen=True)
 class Verdict:
-    status: Status               # "pass" | "fail" | "unknown" (a plain string is accepted)
+    status: str                  # "pass" | "fail" | "unknown" (a Status member is accepted)
     check: str                   # the checker's name, e.g. "no_rewind"
     message: str                 # what happened, where, and what to do
     step: int | None = None
@@ -48,7 +50,7 @@ class Verdict:
         if self.status not in _RANK:
             raise ValueError(f"verdict status must be one of {[s.value for s in Status]}, got "
                              f"{self.status!r}")
-        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "status", Status(self.status).value)  # a plain str
         object.__setattr__(self, "details", dict(self.details))
 
     @classmethod
@@ -73,10 +75,7 @@ class Verdict:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data (the status a plain ``str``, as pytest-xdist's channel needs)."""
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
+        return asdict(self)
 
     def __str__(self) -> str:
         where = self.where()
