@@ -8,7 +8,7 @@ did the kept steps consume?"). It is pure data: no processes, no torch, no pytes
 Why the definitions are what they are:
 
 - A step is *committed* in a generation when every rank of that generation's world size recorded
-  its ``end`` (DESIGN.md, contract).
+  its ``end``: a step some rank never finished may not have reached the state any rank saved.
 - A generation's *resume step* is the step its ranks declared with ``run.resumed``; ranks should
   agree, and when they do not the lowest wins (the most state any of them threw away). A generation
   that never declared one but ran steps resumes, in effect, at the first step it began.
@@ -28,7 +28,7 @@ from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, 
 
 __all__ = [
     "History", "HistoryError", "Scenario", "Generation", "Occurrence", "Checkpoint",
-    "FaultFired", "Detection", "Torn", "RankMemory",
+    "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan",
 ]
 
 Event = Mapping[str, Any]
@@ -76,6 +76,8 @@ class Generation:
     planned: bool                # gen_end planned; False when unknown
     fault_id: int | None
     detail: str
+    started_at: float | None = None  # the supervisor's gen_start time; None when it recorded none
+    ended_at: float | None = None    # the supervisor's gen_end time; None when it recorded none
 
     @property
     def ended(self) -> bool:
@@ -102,6 +104,10 @@ class Checkpoint:
     expected: Mapping[str, str] | None
     t: float
     index: int                   # position in the history, to order events without clocks
+    seconds: float | None = None  # how long the save or load took, when the workload said
+    bytes: int | None = None     # how much it wrote or read, when the workload said
+    info: Mapping[str, Any] = field(default_factory=dict)  # the workload's other fields
+    # (world_size, source, saved_world_size, kind="emergency", ...)
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,7 @@ class FaultFired:
     kind: str
     id: int | None
     params: Mapping[str, Any]
+    t: float | None = None       # when it fired on this rank
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class Detection:
     latency_s: float | None
     expected: bool
     detail: str = ""
+    t: float | None = None       # when the supervisor recorded it
 
 
 @dataclass(frozen=True)
@@ -151,6 +159,25 @@ class RankMemory:
     def device_headroom_bytes(self) -> int | None:
         return None if self.device_peak_bytes is None or not self.device_total_bytes \
             else self.device_total_bytes - self.device_peak_bytes
+
+
+@dataclass(frozen=True)
+class StepSpan:
+    """One rank's run of one step in one generation, from its ``begin`` to its ``end``."""
+
+    gen: int
+    rank: int
+    step: int
+    begin_t: float
+    end_t: float | None          # None: begun, never ended (in flight when the rank stopped)
+
+    @property
+    def done(self) -> bool:
+        return self.end_t is not None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.end_t is None else self.end_t - self.begin_t
 
 
 @dataclass
@@ -261,8 +288,8 @@ class History:
         return None
 
     def _generations(self) -> dict[int, Generation]:
-        starts = {int(e["gen"]): e for e in self._supervisor if e["ev"] == "gen_start"}
-        ends = {int(e["gen"]): e for e in self._supervisor if e["ev"] == "gen_end"}
+        starts = {int(e["gen"]): e for e in self._supervisor if e["ev"] == Ev.GEN_START}
+        ends = {int(e["gen"]): e for e in self._supervisor if e["ev"] == Ev.GEN_END}
         ix = self._ix
         gens: dict[int, Generation] = {}
         for gen in sorted(set(starts) | set(ends) | set(ix.ranks_seen)):
@@ -288,7 +315,8 @@ class History:
                 resume_step=resume, resume_declared=declared, resume_source=source,
                 cause=end.get("cause"), planned=bool(end.get("planned", False)),
                 fault_id=None if fault_id is None else int(fault_id),
-                detail=str(end.get("detail") or ""))
+                detail=str(end.get("detail") or ""),
+                started_at=_opt_float(start.get("t")), ended_at=_opt_float(end.get("t")))
         return gens
 
     @property
@@ -299,17 +327,22 @@ class History:
     def final_generation(self) -> Generation | None:
         return self.generations[max(self.generations)] if self.generations else None
 
+    def supervisor_events(self, ev: str | None = None, *, gen: int | None = None) -> list[Event]:
+        """The supervisor's events (of kind ``ev``, of generation ``gen``), in history order."""
+        return [e for e in self._supervisor if (ev is None or e["ev"] == ev)
+                and (gen is None or e.get("gen") == gen)]
+
     def detections(self) -> list[Detection]:
         return [Detection(gen=int(e["gen"]), kind=str(e.get("kind", "")),
                           rank=_opt_int(e.get("rank")),
                           step=_opt_int(e.get("step")), phase=e.get("phase"),
                           exit_code=_opt_int(e.get("exit_code")),
                           latency_s=e.get("latency_s"), expected=bool(e.get("expected", False)),
-                          detail=str(e.get("detail", "")))
-                for e in self._supervisor if e["ev"] == "detect"]
+                          detail=str(e.get("detail", "")), t=_opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.DETECT]
 
     def unfired(self) -> list[Event]:
-        return [e for e in self._supervisor if e["ev"] == "unfired"]
+        return [e for e in self._supervisor if e["ev"] == Ev.UNFIRED]
 
     def describe_fault(self, fault_id: int | None) -> str | None:
         """``kill(rank:1) at step 25 backward`` for a schedule index, or None."""
@@ -332,6 +365,30 @@ class History:
                     rank: int | None = None) -> list[Event]:
         return [e for _, e in self._ranked if (ev is None or e["ev"] == ev)
                 and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+
+    def times(self, ev: str, *, gen: int | None = None, rank: int | None = None) -> list[float]:
+        """When the rank events of kind ``ev`` (of ``gen``, of ``rank``) happened, in history
+        order (an event without a time counts as 0)."""
+        return [_t(e) for e in self.rank_events(ev, gen=gen, rank=rank)]
+
+    def step_spans(self, *, gen: int | None = None, rank: int | None = None) -> list[StepSpan]:
+        """Each rank's steps from ``begin`` to ``end`` (of ``gen``, of ``rank``), ordered by
+        generation, rank and begin time. A step begun and never ended has ``end_t`` None; a step
+        begun twice on a rank spans from its last ``begin``; an ``end`` with no open ``begin``
+        makes no span."""
+        done: list[StepSpan] = []
+        open_: dict[tuple[int, int], dict[int, float]] = {}
+        for _, e in self._ranked:
+            if (gen is not None and e["gen"] != gen) or (rank is not None and e["rank"] != rank):
+                continue
+            key, step = (int(e["gen"]), int(e["rank"])), e.get("step")
+            if e["ev"] == Ev.BEGIN:
+                open_.setdefault(key, {})[int(step)] = _t(e)
+            elif e["ev"] == Ev.END and step in open_.get(key, {}):
+                done.append(StepSpan(key[0], key[1], int(step), open_[key].pop(step), _t(e)))
+        unfinished = [StepSpan(g, r, s, t0, None) for (g, r), steps in open_.items()
+                      for s, t0 in steps.items()]
+        return sorted(done + unfinished, key=lambda x: (x.gen, x.rank, x.begin_t))
 
     def starts(self, gen: int) -> dict[int, Event]:
         """rank -> its ``start`` event in ``gen``."""
@@ -434,14 +491,21 @@ class History:
     def has_samples(self) -> bool:
         return any(e.get("samples") is not None for recs in self._ix.records.values() for e in recs)
 
-    def checkpoints(self, kind: str) -> list[Checkpoint]:
-        """All ``"save"`` or ``"load"`` events, in history order."""
-        ev = {"save": "ckpt_save", "load": "ckpt_load"}[kind]
-        return [Checkpoint(kind=kind, gen=int(e["gen"]), rank=int(e["rank"]), step=int(e["step"]),
-                           digest=dict(e.get("digest") or {}),
+    def checkpoints(self, kind: str | None = None, *, gen: int | None = None,
+                    rank: int | None = None) -> list[Checkpoint]:
+        """The ``"save"`` or ``"load"`` events (both when ``kind`` is None; of ``gen``, of
+        ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded."""
+        kinds = {Ev.CKPT_SAVE: "save", Ev.CKPT_LOAD: "load"}
+        if kind is not None and kind not in kinds.values():
+            raise KeyError(kind)
+        return [Checkpoint(kind=kinds[e["ev"]], gen=int(e["gen"]), rank=int(e["rank"]),
+                           step=int(e["step"]), digest=dict(e.get("digest") or {}),
                            expected=dict(e["expected"]) if e.get("expected") else None,
-                           t=float(e.get("t", 0.0)), index=i)
-                for i, e in self._ranked if e["ev"] == ev]
+                           t=float(e.get("t", 0.0)), index=i, seconds=_opt_number(e.get("seconds")),
+                           bytes=_opt_number(e.get("bytes")),
+                           info={k: v for k, v in e.items() if k not in _CHECKPOINT_FIELDS})
+                for i, e in self._ranked if e["ev"] in kinds and kind in (None, kinds[e["ev"]])
+                and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
 
     def memory(self) -> dict[int, RankMemory]:
         """Per rank: peak memory and headroom to the budget, over every generation."""
@@ -462,8 +526,9 @@ class History:
     def faults_fired(self) -> list[FaultFired]:
         return [FaultFired(gen=int(e["gen"]), rank=int(e["rank"]), step=int(e["step"]),
                            phase=str(e.get("phase", "")), kind=str(e.get("kind", "")),
-                           id=_opt_int(e.get("id")), params=dict(e.get("params") or {}))
-                for e in self.rank_events("fault")]
+                           id=_opt_int(e.get("id")), params=dict(e.get("params") or {}),
+                           t=_opt_float(e.get("t")))
+                for e in self.rank_events(Ev.FAULT)]
 
 
 def _validate(e: Event, where: str) -> None:
@@ -486,3 +551,22 @@ def _is_supervisor(e: Event) -> bool:
 
 def _opt_int(v: Any) -> int | None:
     return None if v is None else int(v)
+
+
+def _opt_float(v: Any) -> float | None:
+    return None if v is None else float(v)
+
+
+def _opt_number(v: Any) -> Any:
+    """A number as recorded (an int stays an int, so what is computed from it does not change),
+    else None."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _t(e: Event) -> float:
+    return float(e.get("t", 0.0))
+
+
+#: The fields of a checkpoint event that ``Checkpoint`` has its own attribute for.
+_CHECKPOINT_FIELDS = frozenset({"ev", "t", "gen", "rank", "step", "digest", "expected", "seconds",
+                                "bytes"})

@@ -1,4 +1,5 @@
-"""The regression gate: expressions, comparisons, and seed 001 (+200 MB per rank) failing it."""
+"""The regression gate: expressions, comparisons, and a torch upgrade's +200 MB per rank failing
+it under a fixed memory budget."""
 import pytest
 
 from pytest_reshard.gate import baseline as gate
@@ -41,9 +42,10 @@ def test_bad_expression_is_a_usage_error(pytester):
     result.stderr.fnmatch_lines(["*--reshard-compare-fail: 'peak_mem:lots': write FIELD:+N*"])
 
 
-def test_seed_001_extra_memory_fails_the_gate(pytester):
-    """Seed 001 under a fixed 1 GiB budget per rank: a baseline, then the same scenario with
-    +200 MB on rank 1. The gate names the rank and how far its headroom fell."""
+def test_200mb_more_per_rank_under_a_budget_fails_the_gate(pytester):
+    """A torch upgrade that adds about 200 MB per GPU kills the ranks with the least headroom:
+    under a fixed 1 GiB budget per rank, a baseline, then the same scenario with +200 MB on
+    rank 1. The gate names the rank and how far its headroom fell."""
     pytester.makepyfile(f"""
         import os
         import pytest

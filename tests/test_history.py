@@ -157,3 +157,108 @@ def test_a_generation_only_the_supervisor_saw() -> None:
     h = b.history()
     assert h.generations[1].world_size == 0 and h.generations[1].resume_step is None
     assert h.committed(1) == frozenset() and max(h.kept()).step == 2
+
+
+def test_generations_carry_the_supervisors_start_and_end_times() -> None:
+    b = Builder()
+    b.gen(run=range(2), cause="failure")
+    b.gen(resume=1, run=range(1, 3), cause=None)     # the supervisor recorded no end
+    h = b.history()
+    starts = [e["t"] for e in b.events if e["ev"] == "gen_start"]
+    [end] = [e["t"] for e in b.events if e["ev"] == "gen_end"]
+    assert [(g.started_at, g.ended_at) for g in h.generations.values()] == \
+        [(starts[0], end), (starts[1], None)]
+    only_ranks = History.from_events([{"ev": "begin", "t": 5.0, "gen": 0, "rank": 0, "step": 0}])
+    g0 = only_ranks.generations[0]
+    assert (g0.started_at, g0.ended_at) == (None, None)
+
+
+def test_supervisor_events_by_kind_and_generation() -> None:
+    b = Builder()
+    b.gen(run=range(2), cause="failure")
+    b.detect(0, "died", 1, 1, "forward", expected=True)
+    b.gen(resume=1, run=range(1, 3))
+    h = b.history()
+    assert [e["ev"] for e in h.supervisor_events()] == \
+        ["scenario", "gen_start", "gen_end", "detect", "gen_start", "gen_end"]
+    assert [e["gen"] for e in h.supervisor_events("gen_end")] == [0, 1]
+    assert [e["ev"] for e in h.supervisor_events(gen=1)] == ["gen_start", "gen_end"]
+    assert h.supervisor_events("rss") == []
+
+
+def test_step_spans_pair_each_ranks_begin_with_its_end() -> None:
+    h = History.from_events([
+        {"ev": "begin", "t": 1.0, "gen": 0, "rank": 1, "step": 0},
+        {"ev": "begin", "t": 1.1, "gen": 0, "rank": 0, "step": 0},
+        {"ev": "end", "t": 1.5, "gen": 0, "rank": 0, "step": 0},
+        {"ev": "end", "t": 1.6, "gen": 0, "rank": 1, "step": 0},
+        {"ev": "end", "t": 1.7, "gen": 0, "rank": 1, "step": 9},    # never begun: no span
+        {"ev": "begin", "t": 2.0, "gen": 0, "rank": 0, "step": 1},  # killed mid-step
+        {"ev": "begin", "t": 3.0, "gen": 1, "rank": 0, "step": 1},
+        {"ev": "begin", "t": 3.5, "gen": 1, "rank": 0, "step": 1},  # begun again: the last counts
+        {"ev": "end", "t": 4.0, "gen": 1, "rank": 0, "step": 1},
+    ])
+    spans = h.step_spans()
+    assert [(s.gen, s.rank, s.step, s.begin_t, s.end_t) for s in spans] == [
+        (0, 0, 0, 1.1, 1.5), (0, 0, 1, 2.0, None), (0, 1, 0, 1.0, 1.6), (1, 0, 1, 3.5, 4.0)]
+    assert [s.done for s in spans] == [True, False, True, True]
+    assert spans[0].seconds == pytest.approx(0.4) and spans[1].seconds is None
+    assert [(s.gen, s.step) for s in h.step_spans(rank=0)] == [(0, 0), (0, 1), (1, 1)]
+    assert [(s.rank, s.step) for s in h.step_spans(gen=0, rank=1)] == [(1, 0)]
+
+
+def test_times_of_a_ranks_events_of_a_kind() -> None:
+    h = History.from_events([
+        {"ev": "begin", "t": 2.0, "gen": 0, "rank": 1, "step": 0},
+        {"ev": "begin", "t": 1.0, "gen": 0, "rank": 0, "step": 0},
+        {"ev": "end", "t": 3.0, "gen": 0, "rank": 0, "step": 0},
+        {"ev": "begin", "t": 4.0, "gen": 1, "rank": 0, "step": 1},
+        {"ev": "begin", "gen": 1, "rank": 1, "step": 1},   # no time: counts as 0
+    ])
+    assert h.times("begin") == [2.0, 1.0, 4.0, 0.0]   # history order, not sorted
+    assert h.times("begin", gen=0) == [2.0, 1.0] and h.times("begin", gen=1, rank=0) == [4.0]
+    assert h.times("end", gen=1) == [] and h.times("fault") == []
+
+
+def test_checkpoints_carry_seconds_bytes_and_the_workloads_other_fields() -> None:
+    h = History.from_events([
+        {"ev": "ckpt_save", "t": 1.0, "gen": 0, "rank": 0, "step": 4, "digest": DIGEST,
+         "seconds": 0.25, "bytes": 2**20, "world_size": 2},
+        {"ev": "ckpt_save", "t": 1.1, "gen": 0, "rank": 1, "step": 4, "digest": {},
+         "kind": "emergency", "bytes": 10},                 # dflash's emergency snapshot
+        {"ev": "ckpt_load", "t": 2.0, "gen": 1, "rank": 0, "step": 4, "digest": DIGEST,
+         "seconds": 3, "source": "checkpoint", "saved_world_size": 2},
+        {"ev": "ckpt_save", "t": 3.0, "gen": 1, "rank": 0, "step": 6, "seconds": None},
+    ])
+    save, emergency, late = h.checkpoints("save")
+    assert (save.seconds, save.bytes, save.info) == (0.25, 2**20, {"world_size": 2})
+    assert (emergency.kind, emergency.seconds, emergency.bytes, emergency.info) == \
+        ("save", None, 10, {"kind": "emergency"})
+    assert (late.seconds, late.bytes, late.info) == (None, None, {})
+    [load] = h.checkpoints("load")
+    assert (load.seconds, load.info) == (3, {"source": "checkpoint", "saved_world_size": 2})
+    assert isinstance(load.seconds, int)   # as recorded, so numbers computed from it do not move
+    assert [(c.kind, c.step) for c in h.checkpoints()] == \
+        [("save", 4), ("save", 4), ("load", 4), ("save", 6)]   # both kinds, in history order
+    assert [c.index for c in h.checkpoints()] == [0, 1, 2, 3]
+    assert [c.kind for c in h.checkpoints(gen=1)] == ["load", "save"]
+    assert [c.rank for c in h.checkpoints("save", gen=0, rank=1)] == [1]
+    with pytest.raises(KeyError):
+        h.checkpoints("emergency")
+
+
+def test_faults_and_detections_carry_their_times(tmp_path: Path) -> None:
+    b = Builder()
+    b.gen(run=range(3), partial={3: [0]}, cause="failure",
+          fault={"rank": 1, "step": 3, "phase": "backward", "kind": "kill", "id": 0})
+    b.detect(0, "died", 1, 3, "backward", expected=True, exit_code=-9)
+    [fault_t] = [e["t"] for e in b.events if e["ev"] == "fault"]
+    [detect_t] = [e["t"] for e in b.events if e["ev"] == "detect"]
+    for h in (b.history(), History.load(b.write(tmp_path))):
+        [f] = h.faults_fired()
+        [d] = h.detections()
+        assert (f.t, d.t) == (fault_t, detect_t)
+    untimed = History.from_events([
+        {"ev": "fault", "gen": 0, "rank": 0, "step": 0, "kind": "kill"},
+        {"ev": "detect", "gen": 0, "kind": "died", "rank": 0}])
+    assert (untimed.faults_fired()[0].t, untimed.detections()[0].t) == (None, None)

@@ -219,3 +219,22 @@ def test_each_detection_is_marked_at_its_own_time():
     b.detect(1, "died", 1, 3, "forward", expected=False, exit_code=-9)
     marks = [m for m in charts.ChartData.build(b.history()).marks if m.kind == "died"]
     assert [(m.gen, m.rank) for m in marks] == [(0, 1), (1, 1)] and marks[0].t < marks[1].t
+
+
+def test_fault_marks_are_labelled_with_the_kinds_declared_label(monkeypatch):
+    import dataclasses
+
+    from pytest_reshard.schedule import kinds
+
+    monkeypatch.setitem(kinds._KINDS, "kill", dataclasses.replace(kinds.get("kill"),
+                                                                  label="rank killed"))
+    b = Builder(steps=4)   # a kind this version does not know (an old history) still renders
+    b.gen(run=range(4), fault={"rank": 0, "step": 2, "phase": "forward", "kind": "retired_kind"})
+    data = charts.ChartData.build(killed_run())
+    assert [(m.kind, m.kind_label) for m in data.faults] == [
+        ("kill", "rank killed"), ("preempt", kinds.get("preempt").label or "preempt")]
+    loss = charts.loss_svg(data)
+    assert "&#9889; rank killed</text>" in loss and '<g class="fault" data-kind="kill">' in loss
+    old = charts.ChartData.build(b.history())
+    assert [m.kind_label for m in old.faults] == ["retired_kind"]
+    assert "&#9889; retired_kind</text>" in charts.loss_svg(old)

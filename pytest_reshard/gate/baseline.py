@@ -10,7 +10,8 @@ An expression ``field:+N`` fails when the field grew by more than N, ``field:-N`
 more than N; N is absolute (``MB``, ``GB``, ``ms``, ``s``, or a plain number) or relative (``%``).
 
 Under a fixed memory budget (``memory_budget_bytes``, the same in both runs) memory is judged per
-rank, as headroom to the budget (seed 001: +200 MB per rank killed the ranks that had the least):
+rank, as headroom to the budget, because a torch upgrade that adds about 200 MB per GPU kills the
+ranks with the least headroom:
 ``peak_mem:+N`` and ``headroom:-N`` limit how far any rank's headroom may fall, and without either
 a fall of more than 10% of the budget fails, so a memory regression under a budget never passes.
 """
@@ -26,6 +27,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.history import History
 
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
@@ -83,49 +87,42 @@ def parse(expr: str) -> list[Limit]:
     return limits
 
 
-def metrics(history: Any) -> dict[str, Any]:
+def metrics(history: History) -> dict[str, Any]:
     """The gate's numbers for one run, from its history alone."""
-    events = history.events
-    peaks = [e["peak_bytes"] for e in events if e["ev"] == "rss"]
     memory = history.memory()  # rank -> its peaks over every generation
+    peaks = [m.peak_bytes for m in memory.values() if m.peak_bytes is not None]
     by_rank = {str(r): m.peak_bytes for r, m in memory.items() if m.peak_bytes is not None}
     device = [m.device_peak_bytes for m in memory.values()   # reported against a device's size
               if m.device_peak_bytes is not None and m.device_total_bytes]
-    budget = next((e.get("memory_budget_bytes") for e in events if e["ev"] == "scenario"), None)
-    begins: dict[tuple[int, int], float] = {}
-    steps: list[float] = []
-    for e in events:
-        if e.get("rank") == 0 and e["ev"] == "begin":
-            begins[(e["gen"], e["step"])] = e["t"]
-        elif e.get("rank") == 0 and e["ev"] == "end" and (e["gen"], e["step"]) in begins:
-            steps.append(e["t"] - begins[(e["gen"], e["step"])])
+    budget = history.scenario.memory_budget_bytes if history.scenario else None
+    steps = [span.seconds for span in history.step_spans(rank=0) if span.seconds is not None]
     kept = history.kept_samples()
     samples = sum(len(v) for v in kept.values())
     step_time = statistics.median(steps) if steps else None
     relaunch = []
-    ends = {e["gen"]: e["t"] for e in events if e["ev"] == "gen_end"}
-    for gen in sorted(history.generations)[1:]:
-        firsts = [e["t"] for e in events if e["ev"] == "begin" and e.get("gen") == gen]
-        if firsts and gen - 1 in ends:
-            relaunch.append(min(firsts) - ends[gen - 1])
+    gens = history.generations
+    for gen in sorted(gens)[1:]:
+        firsts = history.times(Ev.BEGIN, gen=gen)
+        ended_at = gens[gen - 1].ended_at if gen - 1 in gens else None
+        if firsts and ended_at is not None:
+            relaunch.append(min(firsts) - ended_at)
     losses = [round(loss, 6) for _, (_, loss) in sorted(history.kept_losses().items())]
 
     recovery = []
-    for gen, g in sorted(history.generations.items()):
-        if gen + 1 in history.generations and g.cause in ("failure", "hang"):
-            fired = [e["t"] for e in events if e["ev"] == "fault" and e.get("gen") == gen]
-            since = min(fired) if fired else ends.get(gen)
-            done = [e["t"] for e in events if e["ev"] == "end" and e.get("gen") == gen + 1]
+    for gen, g in sorted(gens.items()):
+        if gen + 1 in gens and g.cause in (Cause.FAILURE, Cause.HANG):
+            fired = [f.t for f in history.faults_fired() if f.gen == gen and f.t is not None]
+            since = min(fired) if fired else g.ended_at
+            done = history.times(Ev.END, gen=gen + 1)
             if since is not None and done:
                 recovery.append(min(done) - since)
 
     def median_of(kind: str) -> float | None:
-        xs = [e["seconds"] for e in events if e["ev"] == kind and "seconds" in e]
+        xs = [c.seconds for c in history.checkpoints(kind) if c.seconds is not None]
         return statistics.median(xs) if xs else None
 
     def gbps(kind: str) -> float | None:
-        xs = [e["bytes"] / e["seconds"] / 1e9 for e in events
-              if e["ev"] == kind and e.get("bytes") and e.get("seconds")]
+        xs = [c.bytes / c.seconds / 1e9 for c in history.checkpoints(kind) if c.bytes and c.seconds]
         return statistics.median(xs) if xs else None
 
     return {
@@ -137,10 +134,10 @@ def metrics(history: Any) -> dict[str, Any]:
         "throughput": (samples / len(kept)) / step_time if kept and step_time else None,
         "relaunch": statistics.median(relaunch) if relaunch else None,
         "recovery": statistics.median(recovery) if recovery else None,
-        "save_time": median_of("ckpt_save"),
-        "load_time": median_of("ckpt_load"),
-        "save_gbps": gbps("ckpt_save"),
-        "load_gbps": gbps("ckpt_load"),
+        "save_time": median_of("save"),
+        "load_time": median_of("load"),
+        "save_gbps": gbps("save"),
+        "load_gbps": gbps("load"),
         "loss_digest": hashlib.sha256(json.dumps(losses).encode()).hexdigest()[:16],
     }
 

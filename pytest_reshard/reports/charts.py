@@ -24,6 +24,7 @@ from html import escape
 from typing import Any
 
 from pytest_reshard.history import History, Occurrence
+from pytest_reshard.schedule import kinds
 
 #: Where in a step a phase sits, as a fraction of the step (for placing a fault on the x axis).
 PHASE_AT = {"begin": 0.05, "startup": 0.0, "forward": 0.25, "backward": 0.5, "optimizer": 0.75,
@@ -73,6 +74,20 @@ class FaultMark:
     @property
     def x(self) -> float:
         return self.step + PHASE_AT.get(self.phase, 0.5)
+
+    @property
+    def kind_label(self) -> str:
+        """How the report names the kind: its declared label, else its name."""
+        return kind_label(self.kind)
+
+
+def kind_label(name: str) -> str:
+    """A fault kind's declared label, else its name (also for a kind not registered here, as
+    in a history recorded with a fault kind of another version or a conftest)."""
+    try:
+        return kinds.get(name).label or name
+    except KeyError:
+        return name
 
 
 @dataclass(frozen=True)
@@ -153,14 +168,20 @@ class ChartData:
 
 def _origin(history: History) -> float:
     """Time zero: the first generation's start (the fork server's warm-up is not the run's)."""
-    starts = [float(e["t"]) for e in history.events if e["ev"] == "gen_start"]
+    starts = [g.started_at for g in history.generations.values() if g.started_at is not None]
     times = starts or [float(e["t"]) for e in history.events if "t" in e]
     return min(times) if times else 0.0
 
 
+def _since(t: float | None, origin: float) -> float | None:
+    return None if t is None else t - origin
+
+
 def _generations(history: History, origin: float, end_t: float) -> list[GenSpan]:
-    starts = {int(e["gen"]): float(e["t"]) - origin for e in history.events if e["ev"] == "gen_start"}
-    ends = {int(e["gen"]): float(e["t"]) - origin for e in history.events if e["ev"] == "gen_end"}
+    starts = {gen: t for gen, g in history.generations.items()
+              if (t := _since(g.started_at, origin)) is not None}
+    ends = {gen: t for gen, g in history.generations.items()
+            if (t := _since(g.ended_at, origin)) is not None}
     out = []
     for gen, g in sorted(history.generations.items()):
         steps = history.begun(gen) | history.ended(gen)
@@ -176,9 +197,9 @@ def _faults(history: History, origin: float) -> list[FaultMark]:
     fired: dict[int | None, list[Any]] = {}
     for f in history.faults_fired():
         fired.setdefault(f.id, []).append(f)
-    times = {}
-    for e in history.rank_events("fault"):
-        times.setdefault(e.get("id"), float(e["t"]) - origin)
+    times: dict[int | None, float | None] = {}
+    for f in history.faults_fired():
+        times.setdefault(f.id, _since(f.t, origin))
     scheduled = list(history.scenario.schedule.get("faults", [])) if history.scenario else []
     out = []
     for i, f in enumerate(scheduled):
@@ -198,7 +219,8 @@ def _faults(history: History, origin: float) -> list[FaultMark]:
 
 def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark], float]:
     """Step bars and point marks per rank; also the time of the last event seen."""
-    gen_end = {int(e["gen"]): float(e["t"]) - origin for e in history.events if e["ev"] == "gen_end"}
+    gen_end = {gen: t for gen, g in history.generations.items()
+               if (t := _since(g.ended_at, origin)) is not None}
     last_t = 0.0
     raw: dict[tuple[int, int], list[StepBar]] = {}
     marks: list[Mark] = []
@@ -209,26 +231,21 @@ def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark
                 continue
             rank_last = max(float(e["t"]) for e in events) - origin
             last_t = max(last_t, rank_last)
-            open_: dict[int, float] = {}
             bars = raw.setdefault((gen, rank), [])
-            for e in events:
-                t = float(e["t"]) - origin
-                if e["ev"] == "begin":
-                    open_[int(e["step"])] = t
-                elif e["ev"] == "end" and int(e["step"]) in open_:
-                    s = int(e["step"])
-                    bars.append(StepBar(gen, rank, s, s, open_.pop(s), t, True))
-                elif e["ev"] in ("ckpt_save", "ckpt_load"):
-                    kind = "save" if e["ev"] == "ckpt_save" else "load"
-                    marks.append(Mark(kind, gen, rank, t, f"g{gen} r{rank}: checkpoint {kind} "
-                                                          f"of step {e['step']}"))
-            for s, t0 in open_.items():  # begun, never ended: in flight when the rank stopped
-                bars.append(StepBar(gen, rank, s, s, t0, max(rank_last, gen_end.get(gen, t0)), False))
-    # history.detections() lists the supervisor's detect events in order: pair them up for times
-    detect_t = [float(e["t"]) - origin for e in history.events if e["ev"] == "detect"]
-    for d, t in zip(history.detections(), detect_t, strict=True):
-        if d.rank is None:
+            for span in history.step_spans(gen=gen, rank=rank):
+                s, t0 = span.step, span.begin_t - origin
+                if span.end_t is not None:
+                    bars.append(StepBar(gen, rank, s, s, t0, span.end_t - origin, True))
+                else:  # begun, never ended: in flight when the rank stopped
+                    bars.append(StepBar(gen, rank, s, s, t0, max(rank_last, gen_end.get(gen, t0)),
+                                        False))
+            for c in history.checkpoints(gen=gen, rank=rank):
+                marks.append(Mark(c.kind, gen, rank, c.t - origin,
+                                  f"g{gen} r{rank}: checkpoint {c.kind} of step {c.step}"))
+    for d in history.detections():
+        if d.rank is None or d.t is None:
             continue
+        t = d.t - origin
         where = f"step {d.step} {d.phase}" if d.step is not None else "before its first step"
         marks.append(Mark(d.kind, d.gen, d.rank, t, f"g{d.gen} r{d.rank} {d.kind} at {where}"
                           + (f" (exit {d.exit_code})" if d.exit_code is not None else "")
@@ -405,7 +422,7 @@ def loss_svg(data: ChartData, height: int = 320) -> str:
                 f'<line x1="{_f(x)}" x2="{_f(x)}" y1="{_TOP}" y2="{_TOP + plot_h}" stroke="{col}" '
                 f'stroke-width="1.5" stroke-dasharray="4 2"/>'
                 f'<text x="{_f(x + 3)}" y="{_TOP + 26 + 12 * (i % 4)}" fill="{col}">&#9889; '
-                f'{escape(m.kind)}{"" if m.fired else " (never fired)"}</text>'
+                f'{escape(m.kind_label)}{"" if m.fired else " (never fired)"}</text>'
                 f'<title>{escape(m.label)}{"" if m.fired else " - never fired"}</title></g>')
     return svg.done()
 

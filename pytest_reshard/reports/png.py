@@ -52,7 +52,7 @@ def _loss(fig, data: ChartData):
                    facecolors=[c if p.kept else "white" for p in pts], edgecolors=c)
     for f in data.faults:
         ax.axvline(f.x, color=FAULT_COLOUR if f.fired else "#999", ls=":", lw=1.5)
-        ax.annotate(f.kind + ("" if f.fired else " (never fired)"), (f.x, 1), xycoords=("data", "axes fraction"),
+        ax.annotate(f.kind_label + ("" if f.fired else " (never fired)"), (f.x, 1), xycoords=("data", "axes fraction"),
                     xytext=(3, -12), textcoords="offset points", fontsize=8,
                     color=FAULT_COLOUR if f.fired else "#999")
     losses = [p.loss for p in data.chaos] + [v for _, v in data.reference]
