@@ -27,7 +27,7 @@ from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, 
                                      read_jsonl)
 
 __all__ = [
-    "History", "HistoryError", "Scenario", "Generation", "Occurrence", "Checkpoint",
+    "History", "HistoryError", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint",
     "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan",
 ]
 
@@ -39,7 +39,7 @@ class HistoryError(ValueError):
 
 
 @dataclass(frozen=True)
-class Scenario:
+class ScenarioRecord:
     """What the run was asked to do (the supervisor's ``scenario`` event)."""
 
     workload: str
@@ -274,11 +274,11 @@ class History:
             ix.records.setdefault((gen, int(e["step"])), []).append(e)
 
     # -- supervisor view --------------------------------------------------------------------
-    def _scenario(self) -> Scenario | None:
+    def _scenario(self) -> ScenarioRecord | None:
         for e in self._supervisor:
             if e["ev"] == Ev.SCENARIO:
                 budget = e.get("memory_budget_bytes")
-                return Scenario(
+                return ScenarioRecord(
                     workload=str(e.get("workload", "")), steps=int(e.get("steps", 0)),
                     world_size=int(e.get("world_size", 0)), seed=int(e.get("seed", 0)),
                     schedule=dict(e.get("schedule") or {}), schedule_hash=e.get("schedule_hash"),

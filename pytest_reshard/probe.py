@@ -166,6 +166,8 @@ class Run:
         self.roles: tuple[str, ...] | None = None
         self.device_map: list[int] | None = None
         self._stop = False
+        self._sigterm_handled = False   # set once stop_requested() installed the SIGTERM flag
+        self._previous_sigterm: Any = None
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
         self._ballast: list[Any] = []  # memory_pressure keeps its allocations here
@@ -193,8 +195,6 @@ class Run:
         supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
         threading.Thread(target=self._beat, args=(supervisor,), name="reshard-heartbeat",
                          daemon=True).start()
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
 
@@ -278,12 +278,22 @@ class Run:
         return self._notice
 
     def stop_requested(self) -> bool:
-        """True once SIGTERM arrived (preemption): checkpoint and exit within the grace period."""
+        """True once SIGTERM arrived (a preemption): checkpoint and exit within the grace period.
+
+        The first call installs the SIGTERM flag, in the harness and in production alike: from
+        then on SIGTERM sets it (and still calls a handler of your own installed before) instead
+        of ending the process. A script that never asks keeps the default, and dies on SIGTERM
+        exactly as it would on a spot node. Ask once before the training loop to be covered from
+        the first step."""
+        if not self._sigterm_handled and threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._sigterm_handled = True
         return self._stop
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop = True
-        self._emit("signal", signal="SIGTERM")
+        if self.active:
+            self._emit(Ev.SIGNAL, signal="SIGTERM")
         if callable(self._previous_sigterm):
             self._previous_sigterm(signum, frame)
 

@@ -74,3 +74,25 @@ def test_a_peak_reached_just_before_exit_is_still_recorded(reshard_run, toy):
     recorded = max(e["peak_bytes"] for e in result.history.events
                    if e["ev"] == "rss" and e["rank"] == 1)
     assert exit_peak >= 400 * 2**20 and recorded >= exit_peak
+
+
+# -- SIGTERM: the same semantics in the harness as in production -------------------------------
+def test_a_script_that_never_asks_for_the_sigterm_flag_dies_of_a_preemption(reshard_run, toy):
+    """No handler, never asks run.stop_requested(): SIGTERM ends it at once, as on a spot node,
+    and the steps since its last checkpoint are lost: a planned preemption must cost nothing."""
+    result = reshard_run(toy, world_size=2, args=["--ckpt-every", "4", "--ignore-sigterm-flag"],
+                         faults=[chaos.preempt(at_step=6, phase="forward")])
+    died = [d for d in result.history.detections() if d.kind == "died"]
+    assert {d.rank for d in died} == {0, 1} and all(d.exit_code == -15 for d in died)
+    ended = result.history.generations[0]
+    assert ended.cause == "preempt" and ended.planned and "died of its SIGTERM" in ended.detail
+    v = result.verdicts["no_rewind"]
+    assert v.status == "fail" and "steps 4..5 replayed" in v.message, v.message
+
+
+def test_a_users_own_sigterm_handler_is_still_called_and_the_flag_still_set(reshard_run, toy):
+    result = reshard_run(toy, world_size=2, args=["--ckpt-every", "4", "--own-sigterm-handler"],
+                         faults=[chaos.preempt(at_step=5, phase="forward")])
+    result.assert_ok()
+    assert sorted(p.name for p in result.run_dir.glob("sigterm-seen-*")) == ["sigterm-seen-0",
+                                                                           "sigterm-seen-1"]

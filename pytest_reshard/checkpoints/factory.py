@@ -540,4 +540,4 @@ if __name__ == "__main__":
     code = _main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # DESIGN: after dcp.save a normal exit sometimes aborts (SIGABRT)
+    os._exit(code)  # after dcp.save a normal interpreter exit sometimes aborts (SIGABRT)

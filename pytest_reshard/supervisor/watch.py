@@ -97,6 +97,7 @@ class Watch:
         self.planned: dict | None = None       # the planned-event fault that fired here
         self.plan_deadline: float | None = None
         self.failure: Failure | None = None
+        self.sigtermed: set[int] = set()  # ranks the preemption's SIGTERM ended (no handler)
         self.reported: set[int] = set()
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
         self.hung: Outcome | None = None  # how the generation ends, once a hung rank is killed
@@ -156,6 +157,15 @@ class Watch:
         normal = code == 0 or self.tail.clean_exit(self.gen, rank)  # SIGABRT after close
         if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
             self.reported.add(rank)
+            return
+        if self._preempting() and (code == -signal.SIGTERM or self.sigtermed):
+            # A rank without SIGTERM handling dies of the preemption's SIGTERM, as on a spot
+            # node, and its peers then fail their next collective: the preemption ends the
+            # generation (planned), and what it cost is no_rewind's to judge.
+            self.reported.add(rank)
+            if code == -signal.SIGTERM:
+                self.sigtermed.add(rank)
+                self._detect(Detected.DIED, rank, expected=True, code=code)
             return
         # Peers of a killed rank die too ("Connection closed by peer"), sometimes before its
         # own exit is reaped: blame the rank an unplanned-death fault fired on.
@@ -246,6 +256,11 @@ class Watch:
                                f"reached in generation {gen}")
             time.sleep(POLL_S)
 
+    def _preempting(self) -> bool:
+        """A planned fault whose cause is a preemption fired in this generation."""
+        kind = (self.planned or {}).get("kind")
+        return kind in kinds.registered() and kinds.get(kind).cause is Cause.PREEMPT
+
     def _hang(self, kind: Detected, rank: int, since: float | None) -> Outcome:
         fault = self._fault_for(rank, kinds.Ending.HANG)
         detail = self._detect(kind, rank, expected=fault is not None,
@@ -330,6 +345,12 @@ class Watch:
                 detail += f": rank r now on device {device_map}[r]"
             if params.get("roles"):
                 detail += f"; roles now {dict(params['roles'])}"
+            if self.sigtermed:
+                detail += (f"; rank{'s' if len(self.sigtermed) > 1 else ''} "
+                           f"{', '.join(map(str, sorted(self.sigtermed)))} died of its SIGTERM: "
+                           "the workload does not handle SIGTERM (ask run.stop_requested() and "
+                           "save when it is true), so a preemption costs all since its last "
+                           "checkpoint")
             return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
                            next_world_size=int(after), device_map=device_map,
                            next_roles=params.get("roles"))

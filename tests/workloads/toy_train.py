@@ -18,12 +18,30 @@ p.add_argument("--steps", type=int, default=int(os.environ.get("RESHARD_STEPS", 
 p.add_argument("--ckpt-every", type=int, default=5)
 p.add_argument("--restart-from-zero", action="store_true", help="bug: ignore the checkpoint")
 p.add_argument("--drop-optimizer-state", action="store_true", help="bug: do not restore AdamW")
+p.add_argument("--ignore-sigterm-flag", action="store_true",
+               help="never asks run.stop_requested(): SIGTERM keeps its default action")
+p.add_argument("--own-sigterm-handler", action="store_true",
+               help="installs its own SIGTERM handler before attaching (it must still be called)")
 p.add_argument("--bug-reshard-after-kill", action="store_true",
                help="bug: a planned reshard within 3 steps of resuming after an unplanned failure "
                     "saves the checkpoint one step short, so the next generation replays a step")
 args = p.parse_args()
 
+if args.own_sigterm_handler:
+    import signal
+
+    def note_sigterm(signum, frame):
+        Path(os.environ.get("RESHARD_DIR", "."), f"sigterm-seen-{os.environ.get('RANK', 0)}").touch()
+
+    signal.signal(signal.SIGTERM, note_sigterm)
 run = probe.attach(max_rewind_steps=args.ckpt_every)
+
+
+def stop_requested():
+    return False if args.ignore_sigterm_flag else run.stop_requested()
+
+
+stop_requested()  # SIGTERM sets a flag from here on (a preemption's notice)
 dist.init_process_group("gloo", timeout=timedelta(seconds=20))
 rank, world = dist.get_rank(), dist.get_world_size()
 workdir = run.workdir or Path("toy-work")
@@ -88,7 +106,7 @@ for step in range(start, args.steps):
         global_loss = loss.detach().clone()
         dist.all_reduce(global_loss)
         s.record(loss=global_loss.item() / world)
-    stop = torch.tensor(float(bool(run.reshard_requested() or run.stop_requested())))
+    stop = torch.tensor(float(bool(run.reshard_requested() or stop_requested())))
     dist.all_reduce(stop, op=dist.ReduceOp.MAX)
     if stop.item() or (step + 1) % args.ckpt_every == 0:
         buggy = (args.bug_reshard_after_kill and after_failure and run.reshard_requested() is not None
