@@ -157,7 +157,7 @@ class Session:
         naming it and the exception, and one that does not apply is absent."""
         ctx = checkers.CheckContext(history, scenario,
                                     reference_runs=lambda roles: self.reference(scenario, roles),
-                                    opted_in=frozenset())
+                                    opted_in=workloads.resolve(scenario.workload).checks)
         return checkers.run_all(ctx)
 
 

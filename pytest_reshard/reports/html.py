@@ -143,11 +143,12 @@ is a step that never ended. Hover any mark for details.</p>
 
 def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "reshard verdicts") -> Path:
     """``index.html`` in ``folder``: one line per scenario, linking its report."""
-    from pytest_reshard.reports.table import MARK, columns_of; COLUMNS = columns_of(rows)  # noqa: E702
+    from pytest_reshard.reports.table import MARK, columns_of
 
+    columns = columns_of(rows)
     folder.mkdir(parents=True, exist_ok=True)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("pass", "fail", "unknown")}
-    head = "".join(f"<th>{short}</th>" for _, short in COLUMNS)
+    head = "".join(f"<th>{escape(short)}</th>" for _, short in columns)
     body = []
     for r in rows:
         report = r.get("report")
@@ -156,7 +157,7 @@ def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "r
                 else escape(r["name"]))
         cells = "".join(
             f'<td class="{r["checks"][c]["status"]}">{MARK[r["checks"][c]["status"]]}</td>'
-            if c in r["checks"] else "<td>-</td>" for c, _ in COLUMNS)
+            if c in r["checks"] else "<td>-</td>" for c, _ in columns)
         body.append(f'<tr class="scenario" data-status="{r["status"]}"><td><span class="status '
                     f'{r["status"]}">{r["status"]}</span></td><td>{name}</td><td>{escape(r["faults"])}'
                     f'</td>{cells}<td>{r["wall_s"]:.1f}</td></tr>')
