@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from pytest_reshard.contract import RunDir
+
 
 
 def _suites_dir() -> Path:
@@ -45,7 +47,7 @@ def replay(scenario_path: str, artifacts: str) -> int:
 
     path = Path(scenario_path)
     if path.is_dir():
-        path = path / "scenario.json"
+        path = RunDir(path).scenario
     if not path.exists():
         print(f"pytest-reshard: {path} not found; pass a scenario.json from an artifacts folder",
               file=sys.stderr)

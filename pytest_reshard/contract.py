@@ -131,6 +131,20 @@ class RunDir:
         """The Scenario as JSON: ``pytest-reshard replay`` runs it again."""
         return self.root / "scenario.json"
 
+    @property
+    def verdict(self) -> Path:
+        """Each checker's verdict, as JSON (written after the checks)."""
+        return self.root / "verdict.json"
+
+    @property
+    def replay(self) -> Path:
+        """The command that runs the scenario again."""
+        return self.root / "replay.txt"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
     def plan(self, gen: int) -> Path:
         """Which rank fires which fault where in generation ``gen`` (written before the launch)."""
         return self.root / f"plan-g{gen}.json"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from pytest_reshard.contract import RunDir
 from pytest_reshard import checkers
 from pytest_reshard.history import History
 from pytest_reshard.supervisor import Scenario
@@ -49,8 +50,9 @@ class Result:
                 "schedule": self.scenario.schedule.describe(), "wall_s": round(self.wall_s, 3),
                 "status": self.verdict.status, "replay": self.replay,
                 "checks": {k: v.to_dict() for k, v in self.verdicts.items()}}
-        (self.run_dir / "verdict.json").write_text(json.dumps(data, indent=2))
-        (self.run_dir / "replay.txt").write_text(self.replay + "\n")
+        folder = RunDir(self.run_dir)
+        folder.verdict.write_text(json.dumps(data, indent=2))
+        folder.replay.write_text(self.replay + "\n")
 
     @property
     def ok(self) -> bool:

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from pytest_reshard.contract import RunDir
 from pytest_reshard.history import History
 from pytest_reshard.supervisor.watch import Status
 from pytest_reshard.result import Result
@@ -109,7 +110,7 @@ class Session:
 
     def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:
         run_dir = self.run_dir_of(name)
-        replay = replay or f"pytest-reshard replay {shlex.quote(str(run_dir / 'scenario.json'))}"
+        replay = replay or f"pytest-reshard replay {shlex.quote(str(RunDir(run_dir).scenario))}"
         started = time.monotonic()
         history = self.execute(scenario, run_dir, replay=replay, name=name)
         verdicts = self.check(scenario, history)

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pytest_reshard.contract import RunDir
+
 SAVE_WORLD, LOAD_WORLD = 4, 3
 SAVE_STEPS, MORE_STEPS = 6, 2
 
@@ -47,7 +49,7 @@ def save(out: Path, size: str = "tiny") -> int:
     out.mkdir(parents=True)
     history, live = _run_lm(run_dir, SAVE_WORLD, SAVE_STEPS, size)
     saves = [c for c in history.checkpoints("save") if c.digest]
-    store = CheckpointStore(run_dir / "work" / "ckpt")
+    store = CheckpointStore(RunDir(run_dir).work / "ckpt")
     if live.status != "pass" or not saves or not store.committed():
         print(f"ckptcompat save: the LM did not write a checkpoint to compare ({live.message}); "
               f"logs in {run_dir / 'logs'}", file=sys.stderr)
@@ -94,7 +96,7 @@ def load(src: Path) -> int:
     saved = json.loads((src / "saved.json").read_text())
     run_dir = src / "load-run"
     shutil.rmtree(run_dir, ignore_errors=True)
-    store = CheckpointStore(run_dir / "work" / "ckpt")
+    store = CheckpointStore(RunDir(run_dir).work / "ckpt")
     shutil.copytree(src / "checkpoint" / store.path(saved["step"]).name, store.path(saved["step"]))
     history, live = _run_lm(run_dir, LOAD_WORLD, saved["step"] + 1 + MORE_STEPS, saved["size"])
     loads = [c for c in history.checkpoints("load") if c.digest and c.step == saved["step"]]
