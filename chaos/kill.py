@@ -31,8 +31,9 @@ def kill_during_save(*, at_step: int, boundary: str = "commit", rank: int | None
     (``boundary="commit"``, phase ``checkpoint_commit``). ``at_step`` must be a step that saves.
 
     Layer: a real SIGKILL while the files of a save exist half-way; proves the resume takes the
-    newest *complete* checkpoint. Needs a workload that marks those phases (the bundled LM does)
-    inside the step's context. Does not tear a single file at the byte level (the kernel keeps
+    newest *complete* checkpoint. Needs a workload that marks those phases: ``s.point(...)``
+    inside the step's ``with`` block, or ``run.point("checkpoint", step=step)`` for a save after
+    it (the bundled LM does). Does not tear a single file at the byte level (the kernel keeps
     what was written).
     """
     phases = {"start": "checkpoint", "commit": "checkpoint_commit"}

@@ -166,6 +166,7 @@ class Run:
         self.roles: tuple[str, ...] | None = None
         self.device_map: list[int] | None = None
         self._stop = False
+        self._open: Step | None = None  # the step begin_step began
         self._sigterm_handled = False   # set once stop_requested() installed the SIGTERM flag
         self._previous_sigterm: Any = None
         self._notice: ReshardNotice | None = None
@@ -212,7 +213,9 @@ class Run:
                 max_rewind_steps: int | None = None) -> None:
         """Declare the first step this generation will run (0 for a fresh start).
 
-        ``max_rewind_steps`` may be declared here instead of at ``attach`` when the budget
+        ``source`` says where the state came from, for the report (free text: ``"fresh"``,
+        ``"checkpoint"``, ``"emergency"`` for a snapshot taken after a failure, ...); the
+        checkers judge the step, not the source. ``max_rewind_steps`` may be declared here instead of at ``attach`` when the budget
         depends on what the workload found (a pipeline's count of replicated ranks, say)."""
         if self.active:
             self._emit("resumed", step=int(step), source=source, max_rewind_steps=max_rewind_steps)
@@ -220,21 +223,45 @@ class Run:
     @contextmanager
     def step(self, step: int) -> Iterator[Step]:
         """Wrap one training step; its end is recorded only if the body completes."""
-        s = Step(self, step)
-        if not self.active:
-            yield s
-            return
-        self._emit_step("begin", step)
-        if self._faults:
-            self._fire(step, "begin")
+        s = self.begin_step(step)
         try:
             yield s
         except BaseException as e:
-            self._emit("error", step=step, phase=s.phase, error=f"{type(e).__name__}: {e}"[:500])
+            self.end_step(error=e)
             raise
+        self.end_step()
+
+    def begin_step(self, step: int) -> Step:
+        """Begin ``step`` without a ``with`` block, for frameworks that call back at a step's
+        edges (``on_step_begin``); end it with ``end_step``. Faults planned at ``begin`` fire."""
+        s = self._open = Step(self, step)
+        if self.active:
+            self._emit_step("begin", step)
+            if self._faults:
+                self._fire(step, "begin")
+        return s
+
+    def end_step(self, error: BaseException | str | None = None) -> None:
+        """End the step ``begin_step`` began: recorded as ended (faults planned at ``end`` fire
+        first), or, with ``error``, as failed at the phase it had reached."""
+        s, self._open = self._open, None
+        if s is None:
+            raise RuntimeError("end_step() without begin_step(): begin each step first")
+        if not self.active:
+            return
+        if error is not None:
+            text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+            self._emit("error", step=s.step, phase=s.phase, error=text[:500])
+            return
         if self._faults:
-            self._fire(step, "end")
-        self._emit_step("end", step)
+            self._fire(s.step, "end")
+        self._emit_step("end", s.step)
+
+    def point(self, phase: str, *, step: int) -> None:
+        """Mark a fault point of ``step`` outside its ``with`` block: a save between two steps
+        (``run.point("checkpoint", step=step)`` before writing, ``"checkpoint_commit"`` before
+        the commit), where ``kill_during_save`` and any fault planned at that phase fire."""
+        Step(self, step).point(phase)
 
     def checkpoint_saved(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
         """Record a completed save of the state after ``step`` (digest: ``{component: digest}``)."""
@@ -248,8 +275,10 @@ class Run:
 
     def request_reshard(self, to_world_size: int, *, reason: str, grace_s: float = 30.0) -> None:
         """Ask the harness to restart at ``to_world_size`` once this generation exits: a drain
-        the workload decided on (its health monitor saw an ECC error, say). Checkpoint, then exit
-        cleanly within ``grace_s``; it counts as planned, so it must cost zero committed steps."""
+        the workload decided on (its health monitor saw an ECC error, say). Any rank may call it
+        (once is enough); the harness drops ranks from the end of the rank order, keeping each
+        role's last rank. Checkpoint, then exit cleanly within ``grace_s``; it counts as planned,
+        so it must cost zero committed steps."""
         if self.active:
             self._emit("request", kind="reshard", to_world_size=int(to_world_size),
                        reason=reason, grace_s=float(grace_s))

@@ -84,3 +84,34 @@ def test_digest_is_bit_exact_and_layout_independent():
     c = {"w": a["w"].clone(), "step": 3}
     c["w"][0, 0] = torch.nextafter(c["w"][0, 0], torch.tensor(1.0))
     assert probe.digest(a) != probe.digest(c)
+
+
+def test_callback_driven_steps_record_the_same_events_as_the_with_block(tmp_path):
+    """begin_step/end_step (a framework's on_step_begin/on_step_end) and run.point after a step
+    (a save between steps) give the history a with-block would; faults fire at their points."""
+    fired = {"id": 0, "kind": "slow_rank", "ranks": [1], "step": 2, "phase": "checkpoint",
+             "params": {"delay_ms": 1.0, "steps": 1}}
+    run = make_run(tmp_path, faults=[fired])
+    run.resumed(0)
+    for step in range(3):
+        s = run.begin_step(step)
+        s.point("forward")
+        s.record(loss=1.0 / (step + 1))
+        run.end_step()
+    run.point("checkpoint", step=2)          # the save after step 2, outside its step
+    run.begin_step(3).point("backward")
+    run.end_step(error=RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="without begin_step"):
+        run.end_step()
+    run.close()
+    evs = events(tmp_path)
+    assert [(e["ev"], e.get("step")) for e in evs if e["ev"] in ("begin", "end", "error")] == [
+        ("begin", 0), ("end", 0), ("begin", 1), ("end", 1), ("begin", 2), ("end", 2),
+        ("begin", 3), ("error", 3)]
+    assert [(e["kind"], e["step"], e["phase"]) for e in evs if e["ev"] == "fault"] == [
+        ("slow_rank", 2, "checkpoint")]
+    h = History.load(tmp_path)
+    assert sorted(h.ended()) == [0, 1, 2] and 3 not in h.ended()
+    inactive = probe.Run({})
+    inactive.begin_step(0)
+    inactive.end_step()   # a no-op outside the harness, like the with block
