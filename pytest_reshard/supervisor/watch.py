@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How often the watch loop looks at the ranks: a death is seen within one poll.
 POLL_S = 0.02
+#: How long the kernel must hold a rank stopped (SIGSTOP) before it is named: one heartbeat
+#: period, so a rank continued at once (SIGCONT) is never called stopped.
+STOP_CONFIRM_S = 0.1
 
 
 @dataclass
@@ -97,7 +100,8 @@ class Watch:
         self.planned: dict | None = None       # the planned-event fault that fired here
         self.plan_deadline: float | None = None
         self.failure: Failure | None = None
-        self.sigtermed: set[int] = set()  # ranks the preemption's SIGTERM ended (no handler)
+        self.sigtermed: set[int] = set()
+        self.stopped_since: dict[int, float] = {}  # rank -> when /proc first said T  # ranks the preemption's SIGTERM ended (no handler)
         self.reported: set[int] = set()
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
         self.hung: Outcome | None = None  # how the generation ends, once a hung rank is killed
@@ -284,21 +288,29 @@ class Watch:
         return str(self.dir.heartbeat(self.gen, rank))
 
     def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
-        """A live rank whose heartbeat is silent: at once (``hang_s``) if the kernel says it is
-        stopped, else only after ``10 * hang_s`` (at least 10 s): a busy machine or a long
-        import holding the GIL can delay a heartbeat, and a false "stopped" is a false verdict.
-        """
-        now = time.time()
+        """A live rank that does not run: the kernel has held it stopped by a signal (state T,
+        SIGSTOP) for ``STOP_CONFIRM_S``, or its heartbeat is silent for ``hang_s`` while the
+        kernel says it is stopped or traced, or silent for ``10 * hang_s`` (at least 10 s)
+        whatever /proc says: a busy machine or a long import holding the GIL can delay a
+        heartbeat, and a false "stopped" is a false verdict. State T comes only from a signal,
+        never from load, so it needs no heartbeat to be believed."""
+        now, mono = time.time(), time.monotonic()
         pids = self.live.pids()
         for rank, code in codes.items():
             if code is not None:
                 continue
+            state = procfs.state(pids.get(rank))
+            if state == "T":
+                since = self.stopped_since.setdefault(rank, mono)
+                if mono - since >= STOP_CONFIRM_S:
+                    return rank
+            else:
+                self.stopped_since.pop(rank, None)
             try:
                 age = now - os.path.getmtime(self._hb(rank))
             except FileNotFoundError:
                 continue  # not attached yet: covered by the startup limit
-            if age > self.sc.hang_s and (procfs.stopped(pids.get(rank))
-                                         or age > max(10 * self.sc.hang_s, 10.0)):
+            if age > self.sc.hang_s and (state in ("T", "t") or age > max(10 * self.sc.hang_s, 10.0)):
                 return rank
         return None
 
