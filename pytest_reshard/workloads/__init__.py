@@ -81,8 +81,10 @@ _SPECS: dict[str, WorkloadSpec] = {}
 
 
 def register(spec: WorkloadSpec, *, replace: bool = False) -> WorkloadSpec:
-    """Make ``spec`` runnable by name (``reshard_run(spec.name, ...)``)."""
-    if spec.name in _SPECS and not replace and _SPECS[spec.name] != spec:
+    """Make ``spec`` runnable by name (``reshard_run(spec.name, ...)``). The same registration
+    run again (a conftest imported twice: the same module or script) replaces itself."""
+    old = _SPECS.get(spec.name)
+    if old is not None and not replace and (old.module, old.script) != (spec.module, spec.script):
         raise ValueError(f"workload {spec.name!r} is already registered; pass replace=True to "
                          "redefine it")
     _SPECS[spec.name] = spec
