@@ -34,6 +34,9 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_baselines", "string", ".reshard-baselines", "folder that holds saved baselines"),
     ("reshard_profile", "string", "ci", "hypothesis profile of property-based chaos tests: ci (10 "
      "examples, derandomized) or nightly (50, with a database); env RESHARD_PROFILE beats ini"),
+    ("reshard_reference_cache", "string", "", "keep clean reference runs in this folder across "
+     "sessions, keyed on the script and the modules it imports, args, settings, torch, python "
+     "(off when unset)"),
     ("reshard_checkpoint_scale", "string", "1/1024", "fraction of a real checkpoint's bytes that "
      "checkpoint_factory writes when a test gives no scale (1: production size)"),
 ]
@@ -138,7 +141,9 @@ class _State:
                                      uncaptured=capman.global_and_fixture_disabled if capman
                                      else contextlib.nullcontext)
                 progress, status = self.live.message, self.live.status
-            self.session = Session(self.artifacts, progress=progress, status=status)
+            cache = self.settings["reshard_reference_cache"]
+            self.session = Session(self.artifacts, progress=progress, status=status,
+                                   reference_cache=Path(cache).resolve() if cache else None)
         return self.session
 
 

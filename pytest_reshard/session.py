@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from pytest_reshard.contract import RunDir
 from pytest_reshard.history import History
 from pytest_reshard.supervisor.watch import Status
+from pytest_reshard.refcache import ReferenceCache, workload_files
 from pytest_reshard.result import Result
 from pytest_reshard.verdict import Verdict
 from pytest_reshard.schedule import Fault, Schedule, validate
@@ -41,8 +42,12 @@ class Session:
     folder would delete and overwrite each other's histories."""
 
     def __init__(self, artifacts: Path, *, progress: Callable[[str], None] | None = None,
-                 status: Callable[[Status], None] | None = None) -> None:
+                 status: Callable[[Status], None] | None = None,
+                 reference_cache: Path | None = None) -> None:
+        """``reference_cache``: a folder that keeps clean reference runs across sessions
+        (``refcache.py`` says what keys them and when an entry is invalid); None: per session."""
         self.artifacts = Path(artifacts)
+        self.reference_cache = ReferenceCache(reference_cache) if reference_cache else None
         self._lock: _Lock | None = lock_artifacts(self.artifacts)
         self.progress = progress or (lambda msg: None)
         self.status = status            # live progress of the scenario being run, if wanted
@@ -103,9 +108,21 @@ class Session:
         shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         if key not in self._references:
-            self.progress(f"reference run: {scenario.workload}, {_topology(roles)}")
-            self._references[key] = self.execute(clean, self.artifacts / "_references" / key,
-                                                 name=f"reference ({_topology(roles)})")
+            name = f"reference ({_topology(roles)})"
+            if self.reference_cache is None:
+                self.progress(f"reference run: {scenario.workload}, {_topology(roles)}")
+                self._references[key] = self.execute(clean, self.artifacts / "_references" / key,
+                                                     name=name)
+            else:
+                argv = workloads.resolve(clean.workload).argv(clean.steps, clean.args)
+                lasting = self.reference_cache.key(shape, workload_files(argv))
+
+                def run(folder: Path) -> History:
+                    self.progress(f"reference run: {scenario.workload}, {_topology(roles)} "
+                                  f"(kept in the reference cache as {lasting})")
+                    return self.execute(clean, folder, name=name)
+
+                self._references[key] = self.reference_cache.get_or_run(lasting, run)
         return self._references[key]
 
     def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:

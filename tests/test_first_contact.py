@@ -8,7 +8,8 @@ import sys
 import pytest
 import torch  # here, not in a test: pytester's sys.modules snapshot would drop it after one
 
-from pytest_reshard.session import ArtifactsInUse, Session, lock_artifacts, scenario_from
+from pytest_reshard import chaos
+from pytest_reshard.session import Session, lock_artifacts, scenario_from
 
 from .conftest import WORKLOADS
 
@@ -98,3 +99,24 @@ def test_replayed(reshard_run):
                            env={**os.environ, "PYTHONPATH": ""})
     assert again.returncode == 0, again.stdout + again.stderr
     assert "1 passed" in again.stdout
+
+
+def test_the_reference_cache_serves_a_later_session_until_the_script_changes(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text((WORKLOADS / "toy_train.py").read_text())
+    (tmp_path / "helper_module.py").write_text("X = 1\n")
+    script.write_text(script.read_text().replace("import torch\n", "import torch\nimport helper_module  # noqa\n", 1))
+    sc = scenario_from(str(script), world_size=2, steps=4,
+                       faults=[chaos.shift_shards(to_world_size=1, at_step=1)])
+
+    def session_run(name):
+        said = []
+        with Session(tmp_path / name, progress=said.append,
+                     reference_cache=tmp_path / "cache") as session:
+            session.run(sc, "t").assert_ok()
+        return [m for m in said if m.startswith("reference run")]
+
+    assert len(session_run("first")) == 2          # the clean runs at 2 and 1 ranks
+    assert session_run("second") == []             # both from the cache
+    (tmp_path / "helper_module.py").write_text("X = 2\n")   # a module the script imports
+    assert len(session_run("third")) == 2          # invalid: they run again

@@ -15,7 +15,8 @@ LAYERS = [
     ("pytest_reshard.history",),
     ("pytest_reshard.checkers",),
     ("pytest_reshard.result", "pytest_reshard.reports"),
-    ("pytest_reshard.session", "pytest_reshard.checkpoints", "pytest_reshard.gate"),
+    ("pytest_reshard.session", "pytest_reshard.refcache", "pytest_reshard.checkpoints",
+     "pytest_reshard.gate"),
     ("pytest_reshard.plugin", "pytest_reshard.cli", "pytest_reshard.parallel",
      "pytest_reshard.chaos.suites", "pytest_reshard"),
 ]
