@@ -1,0 +1,269 @@
+"""Lightning under the harness, in one line: add the callback.
+
+    from pytest_reshard.adapters import lightning as reshard
+
+    trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=world, max_steps=steps,
+                        callbacks=[reshard.ReshardCallback(sample_ids="sample_id"),
+                                   ModelCheckpoint(dirpath=ckpt_dir, save_last=True, ...)])
+    trainer.fit(model, loader, ckpt_path="last")
+
+What it records, and where (public ``Callback`` hooks; two public methods wrapped on the
+instance at ``setup``):
+
+- a step per batch (``on_train_batch_start`` -> ``run.begin_step(trainer.global_step)``;
+  ``on_train_batch_end`` -> the loss, the mean over ranks of what ``on_before_backward`` saw,
+  and ``run.end_step()``); one optimizer step per batch (``accumulate_grad_batches=1``);
+- the sample ids of the batch (``sample_ids``: the key of a dict batch, the index of a tuple
+  batch, or a function of the batch), with ``trainer.current_epoch`` as their epoch;
+- fault points ``forward`` (end of ``on_train_batch_start``), ``backward``
+  (``on_before_backward``), ``optimizer`` (``on_before_optimizer_step``), ``checkpoint``
+  (entering ``Trainer.save_checkpoint``, before the state is gathered) and
+  ``checkpoint_commit`` (entering ``Strategy.save_checkpoint``: the state is gathered, rank 0
+  has not written the file yet);
+- saves: the digests are taken of the checkpoint dict itself (``on_save_checkpoint``), and the
+  save is recorded only when ``Trainer.save_checkpoint`` has returned on this rank (after its
+  barrier: rank 0 has written the file) and the file exists;
+- loads: at the first ``on_train_epoch_start`` after the restore (model, optimizers, LR
+  schedulers and loops restored; the data iterator not built yet), with a digest per rank of
+  ``model``, ``optimizer``, ``lr_scheduler``, ``rng`` (this rank's Python, NumPy and torch
+  generators: a ``.ckpt`` does not hold them), ``data`` (epoch and samples into it, where the
+  data stream really resumes: a loader without ``state_dict``/``load_state_dict`` restarts its
+  epoch) and ``loop`` (global step and epoch);
+- a planned reshard or a SIGTERM: every rank agrees after the same batch, the callback writes
+  ``last.ckpt`` into the ``ModelCheckpoint``'s folder (what ``ckpt_path="last"`` resumes from)
+  and sets ``trainer.should_stop``;
+- ``max_rewind_steps``: the ``ModelCheckpoint``'s ``every_n_train_steps`` (or the batches of an
+  epoch for ``every_n_epochs=1``).
+
+Supported: lightning (``lightning.pytorch``, or ``pytorch_lightning``) >=2.4,<3; tested with 2.6.6.
+No private Lightning API is touched.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from pytest_reshard import probe
+from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
+
+__all__ = ["ReshardCallback", "workload", "SUPPORTED", "TESTED", "PRELOAD"]
+
+SUPPORTED = ("2.4", "3.0")
+TESTED = "2.6.6"
+PRELOAD = ("lightning.pytorch", "pytest_reshard.adapters.lightning")
+PER_RANK = ("rng",)
+_CLASSES: dict[str, type] = {}
+
+
+def workload(name: str, script: str | Path, *, preload: Sequence[str] = (),
+             replace: bool = True, **spec: Any) -> Any:
+    """Register ``script`` (a Lightning script) as workload ``name`` with Lightning preloaded by
+    the fork server. Returns the ``WorkloadSpec``."""
+    from pytest_reshard.workloads import WorkloadSpec, register
+
+    return register(WorkloadSpec(name, script=str(script), preload=(*PRELOAD, *preload), **spec),
+                    replace=replace)
+
+
+def __getattr__(name: str) -> Any:
+    # ReshardCallback subclasses Lightning's Callback: built on first use, so that importing
+    # this module does not import Lightning.
+    if name == "ReshardCallback":
+        return callback_class()
+    raise AttributeError(name)
+
+
+def callback_class(package: str | None = None) -> type:
+    """The callback class for ``package`` (``"lightning.pytorch"`` or ``"pytorch_lightning"``;
+    by default the first importable)."""
+    import importlib
+
+    if package is None:
+        try:
+            importlib.import_module("lightning.pytorch")
+            package = "lightning.pytorch"
+        except ImportError:
+            package = "pytorch_lightning"
+    if package not in _CLASSES:
+        pl = importlib.import_module(package)
+        require_version(package.split(".")[0], pl.__version__, SUPPORTED, TESTED)
+        _CLASSES[package] = _make(pl)
+    return _CLASSES[package]
+
+
+def _ids_of(batch: Any, key: Any) -> list[int] | None:
+    if key is None:
+        return None
+    ids = key(batch) if callable(key) else batch[key]
+    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+
+
+def _make(pl: Any) -> type:
+    from importlib import import_module
+
+    ModelCheckpoint = import_module(pl.__name__ + ".callbacks").ModelCheckpoint
+
+    class ReshardCallback(pl.Callback):
+        """Records steps, samples, loss, saves and loads for the harness, marks its fault points,
+        and turns a planned reshard or a SIGTERM into a save of ``last.ckpt`` and a stop."""
+
+        def __init__(self, sample_ids: str | int | Callable[[Any], Any] | None = "sample_id", *,
+                     max_rewind_steps: int | None = None, last_name: str = "last-stop") -> None:
+            self.sample_ids = sample_ids
+            self.max_rewind_steps = max_rewind_steps
+            self.last_name = last_name
+            self.run = probe.attach()
+            self.run.stop_requested()   # SIGTERM sets a flag from here on
+            self.step: probe.Step | None = None
+            self.loss_sum = 0.0
+            self.loaded_step: int | None = None
+            self.pending_save: dict[str, str] | None = None
+            self.batches = 0            # batches of the current epoch done
+            self.stopping = False
+            self.wrapped = False
+
+        # -- wrapping (public methods, on the instance) ------------------------------------
+        def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            if stage != "fit" or self.wrapped:
+                return
+            if trainer.accumulate_grad_batches != 1:
+                raise NotImplementedError("pytest_reshard.adapters.lightning records one step "
+                                          "per batch: use accumulate_grad_batches=1")
+            self.wrapped = True
+            save, strategy_save = trainer.save_checkpoint, trainer.strategy.save_checkpoint
+
+            def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
+                step = trainer.global_step - 1
+                self.run.point("checkpoint", step=step)
+                out = save(filepath, *args, **kwargs)
+                digest, self.pending_save = self.pending_save, None
+                if digest is not None and os.path.exists(filepath):
+                    self.run.checkpoint_saved(step, digest, per_rank=PER_RANK, path=str(filepath),
+                                              world_size=trainer.world_size)
+                return out
+
+            def strategy_save_checkpoint(*args: Any, **kwargs: Any) -> Any:
+                self.run.point("checkpoint_commit", step=trainer.global_step - 1)
+                return strategy_save(*args, **kwargs)
+
+            trainer.save_checkpoint = save_checkpoint
+            trainer.strategy.save_checkpoint = strategy_save_checkpoint
+
+        # -- digests -----------------------------------------------------------------------
+        def global_batch(self, trainer: Any, batch: Any = None) -> int:
+            n = len(_ids_of(batch, self.sample_ids) or ()) if batch is not None else 0
+            if not n:
+                loader = trainer.train_dataloader
+                n = getattr(loader, "batch_size", None) or 1
+            return n * trainer.world_size
+
+        def data_position(self, epoch: int, batches: int, trainer: Any) -> dict[str, int]:
+            per_epoch = trainer.num_training_batches
+            if isinstance(per_epoch, int) and batches >= per_epoch:
+                epoch, batches = epoch + 1, 0
+            return {"epoch": int(epoch), "batches": int(batches)}
+
+        def digests(self, model_sd: Any, optim: Any, sched: Any, loop: Any, data: Any,
+                    rng: str) -> dict[str, str]:
+            return {"model": probe.digest(model_sd), "optimizer": probe.digest(optim),
+                    "lr_scheduler": probe.digest(sched), "loop": probe.digest(loop),
+                    "data": probe.digest(data), "rng": rng}
+
+        def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+            # The dict is what the file will hold; the RNG is this rank's, which it does not hold.
+            self.pending_save = self.digests(
+                checkpoint.get("state_dict"), checkpoint.get("optimizer_states"),
+                checkpoint.get("lr_schedulers"),
+                {"global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch")},
+                self.data_position(trainer.current_epoch, self.batches, trainer), rng_digest())
+
+        def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
+            self.loaded_step = int(checkpoint.get("global_step", 0)) - 1
+            self.loaded_epoch = checkpoint.get("epoch")
+
+        # -- the loop ----------------------------------------------------------------------
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            # Everything is restored by now (model, optimizers, schedulers, loops) and the data
+            # iterator is not built yet: the digests of the restore.
+            gs = trainer.global_step
+            self.run.resumed(gs, source="checkpoint" if self.loaded_step is not None else "fresh",
+                             max_rewind_steps=self.budget(trainer))
+            if self.loaded_step is None:
+                return
+            loaders = trainer.train_dataloader
+            loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+            stateful = all(callable(getattr(dl, "state_dict", None)) and
+                           callable(getattr(dl, "load_state_dict", None)) for dl in loaders)
+            # Where the data really resumes: a loader without state restarts its epoch.
+            n = trainer.num_training_batches
+            done = gs % n if isinstance(n, int) and n and stateful else 0
+            self.batches = done
+            epoch = gs // n if isinstance(n, int) and n else trainer.current_epoch
+            self.run.checkpoint_loaded(
+                self.loaded_step, self.digests(
+                    pl_module.state_dict(), [o.state_dict() for o in trainer.optimizers],
+                    [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
+                    {"global_step": gs, "epoch": self.loaded_epoch},
+                    self.data_position(epoch, done, trainer), rng_digest()),
+                per_rank=PER_RANK, path=str(trainer.ckpt_path), world_size=trainer.world_size,
+                resumable_data=stateful, digest_at="restore, before the data iterator")
+
+        def budget(self, trainer: Any) -> int | None:
+            if self.max_rewind_steps is not None:
+                return self.max_rewind_steps
+            steps = [c._every_n_train_steps for c in trainer.checkpoint_callbacks
+                     if isinstance(c, ModelCheckpoint) and getattr(c, "_every_n_train_steps", 0)]
+            if steps:
+                return min(steps)
+            n = trainer.num_training_batches
+            return int(n) if isinstance(n, int) else trainer.max_steps
+
+        def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+            self.batches = 0
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                                 batch_idx: int) -> None:
+            self.loss_sum = 0.0
+            s = self.step = self.run.begin_step(trainer.global_step)
+            ids = _ids_of(batch, self.sample_ids)
+            if ids is not None:
+                s.record(samples=ids, epoch=trainer.current_epoch)
+            s.point("forward")
+
+        def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+            self.loss_sum += float(loss.detach().float().item())
+            if self.step is not None:
+                self.step.point("backward")
+
+        def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+            if self.step is not None:
+                self.step.point("optimizer")
+
+        def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                               batch_idx: int) -> None:
+            s, self.step = self.step, None
+            loss, stop = reduce_step(self.loss_sum, stop_wanted(self.run), pl_module.device)
+            self.batches += 1
+            if s is not None:
+                s.record(loss=loss)
+                self.run.end_step()
+            if stop and not self.stopping:
+                self.stopping = True
+                self.run.note("planned_stop", step=trainer.global_step - 1,
+                              reason="reshard" if self.run.reshard_requested() else "sigterm")
+                trainer.save_checkpoint(self.last_path(trainer))
+                trainer.should_stop = True
+
+        def last_path(self, trainer: Any) -> str:
+            """Where ``ckpt_path="last"`` looks: the ModelCheckpoint's folder."""
+            for c in trainer.checkpoint_callbacks:
+                if isinstance(c, ModelCheckpoint) and c.dirpath:
+                    return os.path.join(c.dirpath, self.last_name + c.FILE_EXTENSION)
+            raise RuntimeError("a planned stop must write a checkpoint that ckpt_path='last' "
+                               "finds: add ModelCheckpoint(dirpath=..., save_last=True)")
+
+        def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+            self.run.close()
+
+    return ReshardCallback
