@@ -1,0 +1,21 @@
+"""The adapters import their framework themselves, lazily; nothing else in the package does."""
+import subprocess
+import sys
+
+from tests.test_layers import imports, modules
+
+FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate")
+
+
+def test_only_the_adapters_import_a_framework():
+    wrong = [f"{name}:{line} imports {target}" for name, path in modules()
+             if not name.startswith("pytest_reshard.adapters")
+             for line, target in imports(path) if target.split(".")[0] in FRAMEWORKS]
+    assert not wrong, wrong
+
+
+def test_importing_an_adapter_imports_no_framework():
+    code = ("import sys; from pytest_reshard.adapters import hf, lightning, accelerate; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
