@@ -1,0 +1,78 @@
+"""Relaunch latency with a framework preloaded: from the end of a generation to the next
+generation's ranks up (their probe attached) and to its first step.
+
+Runs the same planned reshard (2 -> 1 rank) of each framework script in tests/workloads/ (Hugging
+Face Trainer, Lightning, Accelerate) with the warm fork server, which preloads the framework as
+the adapter's WorkloadSpec says, and with cold interpreters, interleaved so both see the same
+machine noise; prints the medians and their ratio. Goal: ranks up within 0.5 s with the fork
+server. Usage: python bench/relaunch_frameworks.py [--repeats 3] [--frameworks hf,lightning,accelerate]
+"""
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from relaunch import relaunch_s  # noqa: E402
+
+from pytest_reshard import chaos  # noqa: E402
+from pytest_reshard.session import Session, scenario_from  # noqa: E402
+
+WORKLOADS = ROOT / "tests" / "workloads"
+
+
+def register(framework: str) -> str:
+    if framework == "hf":
+        from pytest_reshard.adapters import hf
+
+        hf.workload("hf_train", WORKLOADS / "hf_train.py",
+                    preload=("transformers.models.gpt2.modeling_gpt2",))
+        return "hf_train"
+    if framework == "lightning":
+        from pytest_reshard.adapters import lightning
+
+        lightning.workload("lightning_train", WORKLOADS / "lightning_train.py")
+        return "lightning_train"
+    if framework == "accelerate":
+        from pytest_reshard.adapters import accelerate
+
+        accelerate.workload("accelerate_train", WORKLOADS / "accelerate_train.py")
+        return "accelerate_train"
+    raise SystemExit(f"unknown framework {framework!r}: hf, lightning, accelerate")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--frameworks", default="hf,lightning,accelerate")
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
+        for framework in args.frameworks.split(","):
+            workload = register(framework)
+            up: dict[str, list[float]] = {"fork": [], "local": []}
+            first: dict[str, list[float]] = {"fork": [], "local": []}
+            for i in range(args.repeats):
+                for launcher in up:
+                    sc = scenario_from(workload, world_size=2, steps=5, launcher=launcher,
+                                       faults=[chaos.shift_shards(to_world_size=1, at_step=2)])
+                    history = session.execute(sc, Path(tmp) / f"{framework}-{launcher}-{i}")
+                    up[launcher].append(relaunch_s(history, "start"))
+                    first[launcher].append(relaunch_s(history))
+                    print(f"{framework:10s} {launcher:5s} run {i}: ranks up {up[launcher][-1]:.3f} s, "
+                          f"first step {first[launcher][-1]:.3f} s", flush=True)
+            rows.append((framework, *(statistics.median(d[k]) for d in (up, first)
+                                      for k in ("fork", "local"))))
+    print(f"\nrelaunch (2 -> 1 rank), median of {args.repeats}, seconds:")
+    print(f"{'framework':10s} {'ranks up: fork':>15s} {'cold':>6s} {'ratio':>6s}   "
+          f"{'first step: fork':>17s} {'cold':>6s}")
+    for framework, up_fork, up_cold, first_fork, first_cold in rows:
+        print(f"{framework:10s} {up_fork:15.3f} {up_cold:6.3f} {up_cold / up_fork:5.1f}x   "
+              f"{first_fork:17.3f} {first_cold:6.3f}")
+
+
+if __name__ == "__main__":
+    main()
