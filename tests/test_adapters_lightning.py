@@ -46,11 +46,12 @@ def test_an_epoch_boundary_resume_with_dropout_diverges_the_rng_is_not_saved(res
     from the RNG ``seed_everything`` left, not from where the saved run was."""
     result = reshard_run("lightning_train", args=["--dropout", "0.2"],
                          faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
-    loss = _failed(result, "loss_continuity")
-    assert "resume point step 4" in loss, loss
     state = result.verdicts["state_equivalence"]
     assert "rng" in state.message and "generation 1" in state.message, state.message
     if state.status == "unknown":
+        # The loss still says where the run left the saved trajectory.
+        loss = _failed(result, "loss_continuity")
+        assert "resume point step 4" in loss, loss
         pytest.xfail("state_equivalence excuses an RNG that differs at a resume starting an epoch "
                      "(it cannot tell when the load digest was taken; the adapter takes it at "
                      f"on_train_start, before the data iterator): {state.message}")

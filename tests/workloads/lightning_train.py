@@ -62,7 +62,11 @@ class Regressor(L.LightningModule):
 L.seed_everything(0, verbose=False)
 model = Regressor()
 data = Synthetic(args.global_batch * args.batches_per_epoch)
-loader = torch.utils.data.DataLoader(data, batch_size=args.global_batch // world, shuffle=True)
+if world > 1:   # Lightning gives each rank a DistributedSampler (shuffle, seed 0)
+    loader = torch.utils.data.DataLoader(data, batch_size=args.global_batch // world, shuffle=True)
+else:           # the same global order alone, so a step takes the same samples at any size
+    loader = torch.utils.data.DataLoader(data, batch_size=args.global_batch, sampler=(
+        torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)))
 checkpoints = ModelCheckpoint(dirpath=out, save_last=True, save_top_k=-1,
                               every_n_train_steps=args.every_n_train_steps or None,
                               every_n_epochs=None if args.every_n_train_steps else 1)
