@@ -19,3 +19,16 @@ def test_importing_an_adapter_imports_no_framework():
             f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_an_unsupported_framework_version_is_refused_naming_what_the_adapter_relies_on():
+    import pytest
+
+    from pytest_reshard.adapters import hf
+    from pytest_reshard.adapters._common import require_version
+
+    with pytest.raises(RuntimeError, match=r"supports transformers >=5.0,<6.0 \(tested with "
+                                           r"5.24.0\); this is transformers 4.57.6\. It wraps "
+                                           r"Trainer._save_rng_state"):
+        require_version("transformers", "4.57.6", hf.SUPPORTED, hf.TESTED, hf._PRIVATE)
+    require_version("transformers", "5.24.0", hf.SUPPORTED, hf.TESTED, hf._PRIVATE)
