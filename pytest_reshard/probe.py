@@ -130,11 +130,19 @@ class Step:
                 run._fire(self.step, phase)
 
     def record(self, *, loss: float | None = None, samples: Sequence[int] | None = None,
-               **metrics: Any) -> None:
+               epoch: int | None = None, **metrics: Any) -> None:
         """Record the step's loss and/or the global sample ids this rank consumed.
 
         Record samples as soon as the batch is drawn (before the first fault point), so a rank
-        killed mid-step still accounts for the samples it took.
+        killed mid-step still accounts for the samples it took. ``samples`` are global ids
+        (the dataset index, the same on every rank and at every world size).
+
+        ``epoch``: the pass over the data these samples belong to. A sample id seen again in a
+        later epoch is a new consumption, not a duplicate: ``exactly_once_samples`` counts
+        ``(epoch, sample)``. Without it, every sample is of epoch 0, and a repeat is judged
+        against the clean reference run (a repeat it shows at the same step is an epoch).
+
+        Other keywords (``tokens=``, ``grad_norm=``...) are recorded as they are.
         """
         run = self._run
         if not run.active:
@@ -144,6 +152,8 @@ class Step:
             extra += ',"loss":' + _number(float(loss))
         if samples is not None:
             extra += ',"samples":[' + ",".join([str(int(i)) for i in samples]) + "]"
+        if epoch is not None:
+            extra += ',"epoch":' + str(int(epoch))
         if metrics:
             extra += "," + json.dumps(metrics, separators=(",", ":"))[1:-1]
         run._emit_step("record", self.step, extra)
@@ -263,15 +273,65 @@ class Run:
         the commit), where ``kill_during_save`` and any fault planned at that phase fire."""
         Step(self, step).point(phase)
 
-    def checkpoint_saved(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
-        """Record a completed save of the state after ``step`` (digest: ``{component: digest}``)."""
-        if self.active:
-            self._emit("ckpt_save", step=int(step), digest=dict(state_digest or {}), **info)
+    def checkpoint_saved(self, step: int, state_digest: Mapping[str, str] | None = None, *,
+                         per_rank: Sequence[str] | str = (), state: Mapping[str, Any] | None = None,
+                         **info: Any) -> None:
+        """Record a completed save of the state after ``step``.
 
-    def checkpoint_loaded(self, step: int, state_digest: Mapping[str, str] | None = None, **info: Any) -> None:
-        """Record a completed load of the state saved after ``step``."""
-        if self.active:
-            self._emit("ckpt_load", step=int(step), digest=dict(state_digest or {}), **info)
+        ``state_digest``: ``{component: probe.digest(obj)}`` of what was written (model,
+        optimizer, step, lr_schedule, data, rng, ema, ...), taken of exactly the objects saved.
+        Or ``state={component: obj}``: the probe digests each object now (a module or optimizer
+        by its ``state_dict()``). Ranks that hold nothing of their own may record no digest.
+
+        ``per_rank``: the components that are this rank's own and differ between ranks (its RNG
+        stream, its data-loader worker position, a ZeRO optimizer shard): each rank's load of
+        one is compared with what *that* rank saved. Every other component is replicated: a
+        rank's load is compared with what any rank (the lowest that recorded it) saved, so rank
+        0 alone may save and record it. ``info``: anything else worth keeping (``seconds``,
+        ``bytes``, ``world_size``...)."""
+        if not self.active:
+            return
+        digests = dict(state_digest or {})
+        for name, obj in (state or {}).items():  # a module or optimizer: its state, not its repr
+            if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
+                obj = obj.state_dict()
+            digests[str(name)] = digest(obj)
+        names = [per_rank] if isinstance(per_rank, str) else list(per_rank)
+        if names:
+            info["per_rank"] = sorted({str(n) for n in names})
+        self._emit("ckpt_save", step=int(step), digest=digests, **info)
+
+    def checkpoint_loaded(self, step: int, state_digest: Mapping[str, str] | None = None, *,
+                          per_rank: Sequence[str] | str = (), state: Mapping[str, Any] | None = None,
+                          **info: Any) -> None:
+        """Record a completed load of the state saved after ``step``.
+
+        Call it right after the restore returns (every ``load_state_dict`` and
+        ``set_rng_state`` done) and before anything else touches that state: before building the
+        data iterator (``iter(dataloader)`` draws from the RNG), a warm-up forward, the LR
+        scheduler's first step, or the first ``run.step``. A digest taken later measures what
+        followed the restore: ``state_equivalence`` says ``unknown`` (never fail) for a digest
+        recorded after the rank began a step, or for an RNG that differs at a resume that starts
+        an epoch (``s.record(epoch=...)``), but fails anything else that changed in between. The
+        first digest a rank records for a step and component counts.
+
+        ``state_digest``/``state``: as for ``checkpoint_saved``, of the same components under
+        the same names; ``state={...}`` lets the probe take the digest itself at this call, of
+        the live objects. ``per_rank``: as for ``checkpoint_saved`` (declared at either end).
+        A component saved but not loaded back, or loaded but never saved, fails the check:
+        record only what was really restored. ``expected=``: the digest of what was read, when
+        no save of this step was recorded."""
+        if not self.active:
+            return
+        digests = dict(state_digest or {})
+        for name, obj in (state or {}).items():  # a module or optimizer: its state, not its repr
+            if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
+                obj = obj.state_dict()
+            digests[str(name)] = digest(obj)
+        names = [per_rank] if isinstance(per_rank, str) else list(per_rank)
+        if names:
+            info["per_rank"] = sorted({str(n) for n in names})
+        self._emit("ckpt_load", step=int(step), digest=digests, **info)
 
     def request_reshard(self, to_world_size: int, *, reason: str, grace_s: float = 30.0) -> None:
         """Ask the harness to restart at ``to_world_size`` once this generation exits: a drain

@@ -199,7 +199,7 @@ def test_exactly_once_duplicate_between_ranks_of_one_step() -> None:
 
 
 def test_exactly_once_allows_one_consumption_per_role() -> None:
-    b = Builder(world_size=2)
+    b = Builder(world_size=2, steps=5)
     b.gen(run=range(5), roles=["target", "drafter"], samples=lambda s, r, w: [s])
     assert exactly_once_samples(b.history()).status == "pass"
 
@@ -313,8 +313,8 @@ def test_liveness_unfired_fault_missing_start_and_timeout() -> None:
     assert v.status == "fail"
     problems = v.details["problems"]
     assert "rank 2 of generation 0 never recorded a start" in problems[0]
-    assert "fault kill(rank:1) at step 25 backward never fired: the workload never reached that " \
-           "point; does it call s.point('backward')?" in problems
+    assert "fault kill(rank:1) at step 25 backward never fired: no rank ever marked the point " \
+           "'backward'; does the workload call s.point('backward')?" in problems
     assert any("hit its timeout in generation 0" in p for p in problems)
 
 

@@ -75,7 +75,11 @@ class CheckContext:
 
     def clean_runs(self) -> CleanRuns:
         """The clean run at the first topology, one at a second topology for the noise floor
-        (``noise_floor_roles``), and whether either failed to finish (computed once)."""
+        (``noise_floor_roles``), and whether either failed to finish (computed once).
+
+        A run in which no rank began a step shows the workload cannot start: no clean run is
+        started (it would only wait out the same timeout twice more), and ``broken`` says
+        "the run never started" for the checkers that compare with one."""
         if "clean" not in self._cache:
             try:
                 self._cache["clean"] = self._clean_runs()
@@ -88,6 +92,11 @@ class CheckContext:
         return clean
 
     def _clean_runs(self) -> CleanRuns:
+        from pytest_reshard.checkers._text import _never_started
+
+        never = _never_started(self.history)
+        if never is not None:
+            return CleanRuns(None, None, f"{never}; no clean reference run was started")
         if self.reference_runs is None:
             return CleanRuns(None, None, None)
         from pytest_reshard.checkers.liveness import liveness
@@ -102,8 +111,10 @@ class CheckContext:
             v = liveness(h)
             if v.status != "pass":  # without a clean run there is nothing to compare against
                 size = h.scenario.world_size if h.scenario else "?"
+                first_problem = (v.details.get("problems") or [v.message])[0]
                 return CleanRuns(reference, second, f"the clean reference run (world size {size}) "
-                                                    f"did not finish: {v.message}")
+                                                    f"did not finish: {first_problem} (see "
+                                                    "liveness)")
         return CleanRuns(reference, second, None)
 
 

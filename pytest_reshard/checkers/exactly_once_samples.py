@@ -1,49 +1,107 @@
 """exactly_once_samples: every (epoch, sample) of the kept steps is consumed once.
 
 Counts ``(epoch, sample)`` per role over the kept occurrences (see ``History.kept``), so a target
-and its drafter may both see a sample, but no two ranks of one role and no two steps may. With a
-clean reference run, a sample it consumed that the run never did is lost.
+and its drafter may both see a sample, but no two ranks of one role and no two steps may. The
+epoch is what ``s.record(samples=..., epoch=...)`` recorded (0 when it was not). With a clean
+reference run, a repeat the reference shows too is no duplicate (a workload that does not record
+its epochs sees a sample again at the same step in the clean run: that is an epoch), and a
+sample it consumed that the run never did is lost.
+
+A pass says which steps it covered; a run that stopped before the reference's (or the
+scenario's) last step is ``unknown`` about the rest, not a pass.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
-from pytest_reshard.checkers._text import _fault_before
+from pytest_reshard.checkers._text import _clean_first, _fault_before, _never_started, _ranges
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History, Occurrence
 from pytest_reshard.verdict import Verdict
+
+_Key = tuple[str, int, int]          # (role, epoch, sample)
+_Use = tuple[Occurrence, int]        # (occurrence, rank)
 
 
 def _at(occ: Occurrence, rank: int) -> str:
     return f"step {occ.step} (generation {occ.gen}, rank {rank})"
 
 
-def exactly_once_samples(history: History, *, reference: History | None = None) -> Verdict:
-    """Every (epoch, sample) of the kept steps is consumed once; with a reference, none is lost."""
-    check, replay = "exactly_once_samples", history.replay
-    if not history.has_samples():
-        return Verdict.unknown(check, "the workload recorded no sample ids; call "
-                               "s.record(samples=batch_ids) as soon as the batch is drawn",
-                               replay=replay)
-    kept = history.kept()
-    seen: dict[tuple[str, int, int], tuple[Occurrence, int]] = {}
-    dups: list[tuple[tuple[str, int, int], tuple[Occurrence, int], tuple[Occurrence, int]]] = []
+def _uses(history: History, kept: list[Occurrence]) -> dict[_Key, list[_Use]]:
+    """Each (role, epoch, sample) -> where the kept steps consumed it, in order."""
+    out: dict[_Key, list[_Use]] = {}
     for occ in kept:
         for rank, pairs in sorted(history.samples(occ.gen, occ.step).items()):
             role = history.role(occ.gen, rank)
             for epoch, sample in pairs:
-                key = (role, epoch, sample)
-                if key in seen:
-                    dups.append((key, seen[key], (occ, rank)))
-                else:
-                    seen[key] = (occ, rank)
-    consumed = {(epoch, sample) for _, epoch, sample in seen}
+                out.setdefault((role, epoch, sample), []).append((occ, rank))
+    return out
 
+
+def _duplicates(uses: dict[_Key, list[_Use]],
+                ref_steps: dict[_Key, Counter[int]] | None) -> list[tuple[_Key, _Use, _Use, int]]:
+    """(key, an earlier use, the repeat, how many the reference allows) for each key consumed
+    more often than it may be: once without a reference; with one, a repeat at a step where the
+    reference consumed it too is allowed (an epoch the workload did not record)."""
+    dups = []
+    for key, where in uses.items():
+        if len(where) < 2:
+            continue
+        if ref_steps is None:
+            dups.append((key, where[0], where[1], 1))
+            continue
+        allowed = ref_steps.get(key, Counter())
+        limit = max(1, sum(allowed.values()))
+        per_step = Counter(u[0].step for u in where)
+        if len(where) <= limit and all(n <= max(1, allowed[s]) for s, n in per_step.items()):
+            continue
+        left = Counter(allowed)
+        extra = []
+        for use in where:
+            if left[use[0].step] > 0:
+                left[use[0].step] -= 1
+            else:
+                extra.append(use)
+        again = next((u for u in extra if u is not where[0]), where[-1])
+        first = where[where.index(again) - 1]
+        dups.append((key, first, again, limit))
+    dups.sort(key=lambda d: (d[2][0].gen, d[2][0].step, d[0][2]))
+    return dups
+
+
+def exactly_once_samples(history: History, *, reference: History | None = None) -> Verdict:
+    """Every (epoch, sample) of the kept steps is consumed once (or as often as in the clean
+    reference run, at the same steps); with a reference, none is lost."""
+    check, replay = "exactly_once_samples", history.replay
+    never = _never_started(history)
+    if never is not None:
+        return Verdict.unknown(check, never, replay=replay)
+    kept = history.kept()
+    if not history.has_samples():
+        if not kept:
+            return Verdict.unknown(check, "no step completed on every rank (nothing was kept), "
+                                   "so no sample consumption to check (see liveness)",
+                                   replay=replay)
+        return Verdict.unknown(check, f"the {len(kept)} kept steps recorded no sample ids; call "
+                               "s.record(samples=batch_ids) as soon as the batch is drawn",
+                               replay=replay)
+    uses = _uses(history, kept)
+    last = max((o.step for o in kept), default=-1)
+    covered = sorted({o.step for o in kept})
+    ref_uses: dict[_Key, list[_Use]] | None = None
+    ref_steps: dict[_Key, Counter[int]] | None = None
+    if reference is not None:
+        ref_kept = [o for o in sorted(reference.kept()) if o.step <= last]
+        ref_uses = _uses(reference, ref_kept)
+        ref_steps = {k: Counter(o.step for o, _ in v) for k, v in ref_uses.items()}
+    dups = _duplicates(uses, ref_steps)
+    consumed = {(epoch, sample) for _, epoch, sample in uses}
     details: dict[str, Any] = {"kept_steps": len(kept), "samples": len(consumed),
-                               "duplicates": len(dups)}
+                               "duplicates": len(dups), "steps_covered": _ranges(covered)}
     if dups:
-        (role, epoch, sample), (o1, r1), (o2, r2) = dups[0]
+        (role, epoch, sample), (o1, r1), (o2, r2), allowed = dups[0]
         if o1 == o2:
             why = "two ranks of one step drew it: the sampler's rank or world size is wrong"
         elif o1.gen != o2.gen:
@@ -52,31 +110,47 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         else:
             why = "the data loader repeated it within one generation"
         again = "again at" if o1 != o2 else "at"
-        text = (f"sample {sample} (epoch {epoch}) consumed twice: at {_at(o1, r1)} and {again} "
-                f"{_at(o2, r2)}; {why}")
+        n = len(uses[(role, epoch, sample)])
+        times = "twice" if n == 2 else f"{n} times"
+        ref = (f" (the clean reference run consumed it {allowed} time{'s' if allowed > 1 else ''}"
+               f" by step {last})" if reference is not None else "")
+        text = (f"sample {sample} (epoch {epoch}) consumed {times}{ref}: at {_at(o1, r1)} and "
+                f"{again} {_at(o2, r2)}; {why}")
         if len(dups) > 1:
             text += f" ({len(dups)} duplicates in all)"
         details["first_duplicates"] = [
             {"sample": k[2], "epoch": k[1], "role": k[0], "first": [a.step, a.gen, ra],
-             "again": [b.step, b.gen, rb]} for k, (a, ra), (b, rb) in dups[:20]]
+             "again": [b.step, b.gen, rb]} for k, (a, ra), (b, rb), _ in dups[:20]]
         return Verdict.failed(check, text, step=o2.step, rank=r2, generation=o2.gen,
                               fault=_fault_before(history, o2.gen) if o2.gen != o1.gen else None,
                               details=details, replay=replay)
-    if reference is None:
-        return Verdict.passed(check, f"{len(consumed)} samples consumed exactly once over "
-                              f"{len(kept)} kept steps (no reference: lost samples not checked)",
-                              details=details, replay=replay)
-    last = max((o.step for o in kept), default=-1)
+    over = f"over {len(kept)} kept steps (steps {_ranges(covered)})"
+    total = sum(len(v) for v in uses.values())
+    once = f"{len(consumed)} samples consumed exactly once {over}"
+    if total > len(uses):   # repeats the clean run shows at the same steps: unrecorded epochs
+        once = (f"{len(consumed)} sample ids consumed {over}, each as often as in the clean run "
+                f"and at the same steps ({total} consumptions: the ids repeat every epoch; "
+                "record epoch= to count epochs apart)")
+    if reference is None or ref_uses is None:
+        return _coverage(history, check, f"{once} (no reference: lost samples not checked)",
+                         last, None, details, replay)
     # Per role: in a pipeline a sample its targets made but no drafter trained on is lost.
-    expected: dict[tuple[str, int, int], int] = {}
-    for occ in sorted(reference.kept()):
-        if occ.step <= last:
-            for rank, pairs in sorted(reference.samples(occ.gen, occ.step).items()):
-                for epoch, sample in pairs:
-                    expected.setdefault((reference.role(occ.gen, rank), epoch, sample), occ.step)
-    lost = sorted(set(expected) - set(seen), key=lambda k: (expected[k], k))
+    # A sample is lost when the run consumed it fewer times than the reference did by the same
+    # step (with unrecorded epochs, a sample dropped in one epoch is still seen in another).
+    expected: dict[_Key, int] = {}   # key -> the reference step of its first unmatched use
+    for k, ref in ref_uses.items():
+        left = Counter(o.step for o, _ in uses.get(k, ()))
+        unmatched = []
+        for o, _ in ref:
+            if left[o.step] > 0:
+                left[o.step] -= 1
+            else:
+                unmatched.append(o.step)
+        if len(ref) > len(uses.get(k, ())):
+            expected[k] = min(unmatched) if unmatched else ref[-1][0].step
+    lost = sorted(expected, key=lambda k: (expected[k], k))
     details["lost"] = len(lost)
-    details["not_in_reference"] = len(set(seen) - set(expected))  # a data-order change, not a loss
+    details["not_in_reference"] = len(set(uses) - set(ref_uses))  # a data-order change, not a loss
     if lost:
         drawn: dict[tuple[int, int], Occurrence] = {}
         kept_set = set(kept)
@@ -89,8 +163,13 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         where = drawn.get((epoch, sample))
         fate = (f"; it was drawn at step {where.step} in generation {where.gen}, whose effect was "
                 "discarded" if where else "; no kept or discarded step drew it")
-        by = f" by a {role} rank" if len({k[0] for k in expected}) > 1 else ""
-        text = (f"{len(lost)} samples the reference consumed by step {last} were never consumed"
+        by = f" by a {role} rank" if len({k[0] for k in ref_uses}) > 1 else ""
+        n_run, n_ref = len(uses.get(lost[0], ())), len(ref_uses[lost[0]])
+        how = ("were never consumed" if n_run == 0 else
+               f"were consumed fewer times than in the reference ({n_run} of {n_ref} for the "
+               "first; its ids repeat every epoch, so a pass that skipped it shows only in the "
+               "count)")
+        text = (f"{len(lost)} samples the reference consumed by step {last} {how}"
                 f"{by}: first sample {sample} (epoch {epoch}), reference step "
                 f"{expected[lost[0]]}{fate}; restore the data position saved with the checkpoint"
                 + (", and give a lost rank's share to the survivors" if by else ""))
@@ -98,9 +177,22 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         gen = where.gen if where else None
         return Verdict.failed(check, text, step=expected[lost[0]], generation=gen,
                               details=details, replay=replay)
-    return Verdict.passed(check, f"{len(consumed)} samples consumed exactly once over {len(kept)} "
-                          f"kept steps, none of the reference's lost", details=details,
-                          replay=replay)
+    return _coverage(history, check, f"{once}, none of the reference's lost", last, reference,
+                     details, replay)
+
+
+def _coverage(history: History, check: str, summary: str, last: int, reference: History | None,
+              details: dict[str, Any], replay: str | None) -> Verdict:
+    """Pass when the kept steps reach the end (the reference's last step, else the scenario's);
+    ``unknown`` about the steps a run that stopped early never ran."""
+    ends = [o.step for o in reference.kept()] if reference is not None else []
+    end = max(ends) if ends else (history.scenario.steps - 1 if history.scenario else None)
+    if end is not None and last < end:
+        details["not_reached"] = _ranges(range(last + 1, end + 1))
+        return Verdict.unknown(check, f"the run stopped at step {last}: the samples of steps "
+                               f"{_ranges(range(last + 1, end + 1))} were never checked; "
+                               f"{summary}", step=last + 1, details=details, replay=replay)
+    return Verdict.passed(check, summary, details=details, replay=replay)
 
 
 @register("exactly_once_samples", column="samples", assertion="assert_exactly_once",
@@ -108,8 +200,8 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                       "clean run consumed is lost")
 def _check(ctx: CheckContext) -> Verdict:
     """Against the session's clean run at the first topology; unknown, with the reason, when a
-    clean run did not finish."""
-    clean = ctx.clean_runs()
-    if clean.broken:
-        return Verdict.unknown("exactly_once_samples", clean.broken)
-    return exactly_once_samples(ctx.history, reference=clean.reference)
+    clean run did not finish (or the run never started, so none was run)."""
+    reference, broken = _clean_first(ctx)
+    if broken:
+        return Verdict.unknown("exactly_once_samples", broken)
+    return exactly_once_samples(ctx.history, reference=reference)

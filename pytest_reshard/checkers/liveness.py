@@ -1,66 +1,228 @@
 """liveness: the run finished, and nothing died, hung or went silent unexplained.
 
 The final generation committed the last step; every death, stop or stall is explained by a
-scheduled fault; every scheduled fault fired; every rank started.
+scheduled fault; every scheduled fault fired; every rank started; no rank kept training after a
+preemption's SIGTERM. A run that never began a step is said once, here, with the end of the
+failing rank's log; the other checkers say ``unknown`` ("the run never started"). A workload whose
+clean reference run fails is a failure of the workload, said first.
 """
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
 from typing import Any
 
-from pytest_reshard.checkers._text import _summarise
+from pytest_reshard.checkers._text import (_clean_first, _log_tail, _never_started, _ranges,
+                                          _summarise)
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import Detection, History
 from pytest_reshard.verdict import Verdict
 
 
-def _describe_detection(d: Detection) -> str:
-    at = (f"at step {d.step}, phase {d.phase}" if d.step is not None and d.phase
-          else f"at step {d.step}" if d.step is not None else "before its first step")
+def _at(d: Detection) -> str:
+    return (f"at step {d.step}, phase {d.phase}" if d.step is not None and d.phase
+            else f"at step {d.step}" if d.step is not None else "before its first step")
+
+
+def _code(d: Detection) -> str:
+    if d.exit_code is None:
+        return ""
+    return f" (killed by signal {-d.exit_code})" if d.exit_code < 0 else f" (exit code {d.exit_code})"
+
+
+def _what(d: Detection) -> str:
+    """``rank 1 died (exit code 1) at step 4, phase backward``."""
     who = f"rank {d.rank}" if d.rank is not None else "a rank"
-    code = ""
-    if d.exit_code is not None:
-        code = (f" (killed by signal {-d.exit_code})" if d.exit_code < 0
-                else f" (exit code {d.exit_code})")
-    what = {
+    at, code = _at(d), _code(d)
+    return {
         "died": f"{who} died{code} {at}",
         "stopped": f"{who} stopped responding {at}",
         "stalled": f"{who} stalled {at}: alive, but no progress",
         "exited_early": f"{who} exited early{code} {at}, before the run finished",
         "oom": d.detail or f"{who} exceeded its memory budget {at}",
     }.get(d.kind, f"{who} {d.kind} {at}")
-    return (f"{what} (generation {d.gen}), and no scheduled fault explains it; read that rank's "
-            "output in the run folder")
 
 
-def liveness(history: History) -> Verdict:
-    """The run reached its last step, and nothing died, hung or went silent unexplained."""
+def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False) -> str:
+    tail = _log_tail(run_dir, d.gen, d.rank) if log and d.rank is not None else \
+        f"; read its log, logs/g{d.gen}-r{d.rank}.log in the run folder"
+    return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
+
+
+def _short(d: Detection) -> str:
+    """``rank 2 exited at step 15``: a detection in a few words."""
+    where = f"at step {d.step}" if d.step is not None else "before its first step"
+    verb = {"died": f"died{_code(d)}", "exited_early": "exited", "stopped": "stopped responding",
+            "stalled": "stalled", "oom": "passed its memory budget"}.get(d.kind, d.kind)
+    return f"rank {d.rank} {verb} {where}"
+
+
+def _never_started_problem(history: History, run_dir: Path | None) -> dict[str, Any]:
+    """The one problem of a run in which no rank began a step: who failed, how, and its log."""
+    unexpected = sorted((d for d in history.detections() if not d.expected),
+                        key=lambda d: d.t or 0.0)
+    first = min(history.generations)
+    starts = history.starts(first)
+    if unexpected:
+        d = unexpected[0]
+        attached = d.rank in history.starts(d.gen)
+        when = ("after probe.attach(), in its setup (init_process_group, loading data or a "
+                "checkpoint)" if attached else "before it called probe.attach(): a syntax error, "
+                "an exception at import, or a script that never attaches")
+        who = f"rank {d.rank}" if d.rank is not None else "a rank"
+        verb = {"died": f"died{_code(d)}", "exited_early": f"exited{_code(d)}",
+                "stopped": "stopped responding", "stalled": "stalled (no progress)",
+                "oom": "passed its memory budget"}.get(d.kind, d.kind)
+        text = (f"the run never started: {who} {verb} before its first step, {when} "
+                f"(generation {d.gen}){_log_tail(run_dir, d.gen, d.rank) if d.rank is not None else ''}")
+        return {"message": text, "step": None, "rank": d.rank, "generation": d.gen,
+                "fault": None}
+    gen = history.generations[first]
+    world = gen.world_size
+    missing = [r for r in range(world) if r not in starts]
+    if missing:
+        who = (f"rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} never "
+               "called probe.attach() (still importing, blocked before attaching, or a script "
+               "that never attaches)")
+        rank = missing[0]
+    else:
+        who = (f"every rank attached (probe.attach()) but none began a step: blocked in setup "
+               "(init_process_group waiting for a peer, loading data or a checkpoint)")
+        rank = 0
+    ended = history.final_generation
+    how = (f"generation {ended.gen} ended by {ended.cause}{': ' + ended.detail if ended.detail else ''}"
+           if ended is not None and ended.cause else "no generation end was recorded")
+    text = f"the run never started: {who}; {how}{_log_tail(run_dir, first, rank)}"
+    return {"message": text, "step": None, "rank": rank, "generation": first, "fault": None}
+
+
+def _preempt_kinds() -> set[str]:
+    from pytest_reshard.contract import Cause
+    from pytest_reshard.schedule import kinds
+
+    out = {"preempt"}
+    for name in kinds.registered():
+        if kinds.get(name).cause is Cause.PREEMPT:
+            out.add(name)
+    return out
+
+
+def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
+    """Ranks that began steps after the one in flight when a preemption's SIGTERM reached them."""
+    preempts = _preempt_kinds()
+    problems = []
+    for f in history.faults_fired():
+        if f.kind not in preempts:
+            continue
+        seen, later = False, set()
+        for e in history.rank_events(gen=f.gen, rank=f.rank):
+            if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
+                    and e.get("phase") == f.phase:
+                seen = True
+            elif seen and e["ev"] == "begin" and int(e["step"]) > f.step:
+                later.add(int(e["step"]))
+        if later:
+            n = len(later)
+            same = next((p for p in problems if p["generation"] == f.gen
+                         and p["steps"] == later), None)
+            if same is not None:   # the same steps on another rank: said once
+                same["also"].append(f.rank)
+                continue
+            problems.append({"steps": later, "also": [],
+                "message": f"rank {f.rank} kept training {n} step{'s' if n != 1 else ''} after "
+                           f"SIGTERM (steps {_ranges(later)}); a spot node would have been "
+                           f"reclaimed: after the SIGTERM at step {f.step} ({f.phase}, generation "
+                           f"{f.gen}) ask run.stop_requested() after every step, and save and exit "
+                           "when it is true",
+                "step": min(later), "rank": f.rank, "generation": f.gen,
+                "fault": history.describe_fault(f.id)})
+    for p in problems:
+        if p["also"]:
+            others = ", ".join(map(str, p["also"]))
+            p["message"] += f" (so did rank{'s' if len(p['also']) > 1 else ''} {others})"
+    return problems
+
+
+def _unfired_reason(history: History, fault: Any, u: Any) -> str:
+    """Why a scheduled fault never fired, from what the history shows."""
+    phase = fault.get("phase") if fault else None
+    step = fault.get("step") if fault else None
+    marked = {e.get("phase") for e in history.rank_events("point")}
+    if phase not in (None, "begin", "end") and phase not in marked:
+        return (f"no rank ever marked the point {phase!r}; does the workload call "
+                f"s.point({phase!r})?")
+    target = str(fault.get("target") or "") if fault else ""
+    ranks = {int(target.split(":")[1])} if target.startswith("rank:") else None
+    gone = [d for d in history.detections()
+            if (ranks is None or d.rank in ranks) and (step is None or d.step is None
+                                                       or d.step <= step)]
+    if gone:
+        d = gone[0]
+        return (f"its target was gone before it got there: {_what(d)} (generation {d.gen}"
+                f"{', by a scheduled fault' if d.expected else ''})")
+    begun = [s for g in history.generations for s in history.begun(g)]
+    if step is None or not begun or step not in begun:
+        last = max(begun, default=None)
+        return ("the run never reached that step" +
+                (f" (the last step begun was {last})" if last is not None else ""))
+    return f"its target never reached step {step} ({phase}) in a generation where it was planned"
+
+
+def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
+    """The run reached its last step, and nothing died, hung or went silent unexplained.
+
+    ``run_dir``: the run's folder; when given, a failing rank's message ends with the last lines
+    of its log (``logs/g{gen}-r{rank}.log``)."""
     check, replay = "liveness", history.replay
+    folder = Path(run_dir) if run_dir is not None else None
     final = history.final_generation
     if final is None:
         return Verdict.unknown(check, "the history has no generation: no rank recorded anything",
                                replay=replay)
+    if _never_started(history) is not None:
+        p = _never_started_problem(history, folder)
+        problems = [p]
+        for u in history.unfired():
+            desc = history.describe_fault(u.get("fault_id")) or "a scheduled fault"
+            problems.append({"message": f"fault {desc} never fired: the run never began a step",
+                             "step": None, "rank": None, "generation": None, "fault": desc})
+        details = {"problems": [x["message"] for x in problems], "never_started": True,
+                   "detections": len(history.detections())}
+        text = p["message"] + (f" ({len(problems) - 1} scheduled fault"
+                               f"{'s' if len(problems) > 2 else ''} never fired)"
+                               if len(problems) > 1 else "")
+        return Verdict.failed(check, text, step=None, rank=p["rank"], generation=p["generation"],
+                              details=details, replay=replay)
     problems: list[dict[str, Any]] = []
+    logged = False
     for d in history.detections():
         if not d.expected:
-            problems.append({"message": _describe_detection(d), "step": d.step, "rank": d.rank,
-                             "generation": d.gen, "fault": None})
+            # The first rank that raised (a positive exit code) shows the end of its log once.
+            show = not logged and d.kind == "died" and (d.exit_code or 0) > 0
+            logged = logged or show
+            problems.append({"message": _describe_detection(d, folder, log=show), "step": d.step,
+                             "rank": d.rank, "generation": d.gen, "fault": None})
+    problems.extend(_trained_after_sigterm(history))
     fired_ranks: set[tuple[int, int | None]] = {(f.gen, f.rank) for f in history.faults_fired()}
     fired_ranks |= {(d.gen, d.rank) for d in history.detections() if d.expected}
+    detected = {(d.gen, d.rank) for d in history.detections()}
     for g, gen in history.generations.items():
         starts = history.starts(g)
         anyone_ended = bool(history.ended(g))
         for r in range(gen.world_size):
-            if r not in starts and (anyone_ended or gen.cause in (None, "complete", "reshard",
-                                                                  "preempt")):
+            if r not in starts and (g, r) not in detected and (
+                    anyone_ended or gen.cause in (None, "complete", "reshard", "preempt")):
                 problems.append({"message": f"rank {r} of generation {g} never recorded a start: it "
-                                 "died before probe.attach() or was never launched",
-                                 "step": None, "rank": r, "generation": g, "fault": None})
+                                 "never called probe.attach() (it died before, or was never "
+                                 "launched)", "step": None, "rank": r, "generation": g,
+                                 "fault": None})
     ended_by: dict[int, int] = {}
     for s in history.ended(final.gen):
         for r in history.ended_by(final.gen, s):
             ended_by[r] = max(ended_by.get(r, -1), s)
     if ended_by:
+        began = {int(e["rank"]) for e in history.rank_events("begin", gen=final.gen)}
         for r in range(final.world_size):
             if r in ended_by or (final.gen, r) in fired_ranks or r not in history.starts(final.gen):
                 continue
@@ -69,20 +231,17 @@ def liveness(history: History) -> Verdict:
             last = (f"; its last error: {errors[-1].get('error')} at step {errors[-1]['step']}"
                     if errors else "")
             role = history.role(final.gen, r)
+            state = ("it died silently or sits idle" if r in began else
+                     "it attached but never began a step: it died silently or sits idle")
             problems.append({"message": f"rank {r} (role {role or '?'}) of generation {final.gen} "
                              f"finished no step while ranks {others} finished up to step "
-                             f"{max(ended_by.values())}: it died silently or sits idle{last}",
+                             f"{max(ended_by.values())}: {state}{last}",
                              "step": None, "rank": r, "generation": final.gen, "fault": None})
     for u in history.unfired():
         fid = u.get("fault_id")
         fault = history.scenario.fault(fid) if history.scenario else None
         desc = history.describe_fault(fid) or "a scheduled fault"
-        phase = fault.get("phase") if fault else None
-        if phase in ("begin", "end") or phase is None:
-            why = "the run never reached that step"
-        else:
-            why = (f"the workload never reached that point; does it call "
-                   f"s.point({phase!r})?")
+        why = _unfired_reason(history, fault, u)
         detail = str(u.get("detail") or "")
         extra = f" ({detail})" if detail and detail not in desc else ""
         problems.append({"message": f"fault {desc} never fired: {why}{extra}",
@@ -105,8 +264,10 @@ def liveness(history: History) -> Verdict:
                and any(o.step == target for o in history.kept()))  # done before, resumed past it
     if target is not None and target >= 0 and target not in committed and not carried:
         reached = (f"last committed step {max(committed)}" if committed else "no step committed")
+        said = final.detail and any(final.detail in p["message"] for p in problems)
         how = (f"; generation {final.gen} ended by {final.cause}"
-               f"{': ' + final.detail if final.detail else ''}" if final.cause else "")
+               f"{': ' + final.detail if final.detail and not said else ''}"
+               if final.cause and final.cause != "timeout" else "")
         problems.append({"message": f"the run did not reach its target: step {target} never "
                          f"committed in the final generation {final.gen} ({reached}){how}",
                          "step": target, "rank": None, "generation": final.gen,
@@ -127,8 +288,60 @@ def liveness(history: History) -> Verdict:
                           "faults; every scheduled fault fired", details=details, replay=replay)
 
 
+def clean_failure(h: History) -> str | None:
+    """What went wrong in a clean (fault-free) run, in a few words (None: it passed liveness)."""
+    v = liveness(h)
+    if v.status != "fail":
+        return None
+    unexpected = sorted((d for d in h.detections() if not d.expected), key=lambda d: d.t or 0.0)
+    if unexpected:
+        return _short(unexpected[0])
+    problems = v.details.get("problems") or [v.message]
+    return str(problems[0])
+
+
+def _run_dir_of(ctx: CheckContext) -> Path | None:
+    """The run's folder, where the context or the history says it (or the session's own
+    ``pytest-reshard replay RUN/scenario.json``); None when nothing does."""
+    for owner in (ctx, ctx.history):
+        found = getattr(owner, "run_dir", None)
+        if found:
+            return Path(found)
+    try:
+        words = shlex.split(ctx.history.replay or "")
+    except ValueError:
+        return None
+    for w in words:
+        if w.endswith("scenario.json") and Path(w).parent.joinpath("logs").is_dir():
+            return Path(w).parent
+    return None
+
+
 @register("liveness", column="live", assertion="assert_live",
           description="the run finished; no rank died, stopped or vanished without a scheduled "
                       "fault; every scheduled fault fired")
 def _check(ctx: CheckContext) -> Verdict:
-    return liveness(ctx.history)
+    """The run's own liveness; first, when the clean reference run fails too, that the workload
+    fails without any fault (no reference is run for a run that never began a step)."""
+    v = liveness(ctx.history, run_dir=_run_dir_of(ctx))
+    if _never_started(ctx.history) is not None or not ctx.has_references:
+        return v
+    try:
+        reference, _ = _clean_first(ctx)
+    except Exception:  # noqa: BLE001 - a clean run that cannot start: its checkers say so
+        return v
+    for h in (reference,):
+        what = clean_failure(h) if h is not None else None
+        if what is None:
+            continue
+        gens = h.generations
+        size = h.scenario.world_size if h.scenario else (gens[min(gens)].world_size if gens else "?")
+        text = (f"the workload fails without any fault (reference run at {size} ranks: {what}); "
+                "fix that before chaos testing")
+        if v.status != "pass":
+            text += f"; this run: {v.message}"
+        details = dict(v.details)
+        details["clean_run_fails"] = what
+        return Verdict.failed("liveness", text, step=v.step, rank=v.rank, generation=v.generation,
+                              fault=v.fault, details=details, replay=ctx.history.replay)
+    return v

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_reshard.checkers._text import _cause_phrase, _count, _fault_before, _ranges, _summarise
+from pytest_reshard.checkers._text import (_cause_phrase, _count, _fault_before, _never_started,
+                                          _ranges, _summarise)
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import Generation, History
@@ -22,8 +23,12 @@ def no_rewind(history: History) -> Verdict:
     if not history.generations:
         return Verdict.unknown(check, "the history has no generation: no rank recorded anything; "
                                "does the workload call probe.attach()?", replay=replay)
+    never = _never_started(history)
+    if never is not None:
+        return Verdict.unknown(check, never, replay=replay)
     live_committed: set[int] = set()   # committed steps whose effect is still in the state
     live_ended: set[int] = set()       # steps some rank finished, still in the state
+    live_begun: dict[int, int] = {}    # step -> the last generation that began it (in the lineage)
     pending: list[Generation] = []     # generations ended since the last one that resumed
     problems: list[dict[str, Any]] = []
     transitions: list[dict[str, Any]] = []
@@ -66,16 +71,14 @@ def no_rewind(history: History) -> Verdict:
                     "step": resume, "generation": g, "fault": fault})
         last = max(live_ended, default=-1)
         if resume > last + 1:
-            before = (f"the last step finished before was {last}" if last >= 0
-                      else "no step had finished before")
             problems.append({
-                "message": f"generation {g} resumed at step {resume} but {before}: steps "
-                           f"{_ranges(range(last + 1, resume))} were never run; the resume step "
-                           "must be the saved step + 1",
+                "message": _skipped(history, g, resume, last, live_begun),
                 "step": resume, "generation": g, "fault": _fault_before(history, g)})
         live_committed = {s for s in live_committed if s < resume and s not in began}
         live_committed |= history.committed(g)
         live_ended = {s for s in live_ended if s < resume} | history.ended(g)
+        live_begun = {s: gg for s, gg in live_begun.items() if s < resume}
+        live_begun.update({s: g for s in began})
         pending = [gen]
     details = {"transitions": transitions, "problems": [p["message"] for p in problems]}
     if problems:
@@ -95,6 +98,46 @@ def no_rewind(history: History) -> Verdict:
                               replay=replay)
     return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')} replayed no "
                                  "committed step", details=details, replay=replay)
+
+
+_SAVE_PHASES = ("checkpoint", "checkpoint_commit")
+
+
+def _skipped(history: History, g: int, resume: int, last: int, begun: dict[int, int]) -> str:
+    """Generation ``g`` resumed past steps that never finished: what happened to them. A step
+    that began and never ended was in flight when its generation died; a load of it means the
+    resume read a checkpoint that was visible before its commit point."""
+    before = (f"the last step finished before was {last}" if last >= 0
+              else "no step had finished before")
+    skipped = list(range(last + 1, resume))
+    in_flight = [s for s in skipped if s in begun]
+    if not in_flight:
+        return (f"generation {g} resumed at step {resume} but {before}: steps {_ranges(skipped)} "
+                "were never run; the resume step must be the saved step + 1")
+    s = in_flight[-1]
+    died = begun[s]
+    loads = [c for c in history.checkpoints("load", gen=g) if c.step == s]
+    saved = [c for c in history.checkpoints("save") if c.step == s and c.gen < g]
+    at_save = [f for f in history.faults_fired()
+               if f.gen == died and f.step == s and f.phase in _SAVE_PHASES]
+    never = [x for x in skipped if x not in begun]
+    also = f"; steps {_ranges(never)} were never run" if never else ""
+    if at_save or (loads and not saved):
+        f = at_save[0] if at_save else None
+        how = (f"generation {died} was killed in step {s} at its {f.phase} point "
+               f"({history.describe_fault(f.id) or f.kind}, rank {f.rank}), before the step "
+               "ended" if f else f"step {s} never ended in generation {died}")
+        what = (f"no save of step {s} was recorded as completed (run.checkpoint_saved)"
+                if not saved else f"step {s} never finished")
+        return (f"generation {g} resumed at step {resume} from the state of step {s}, but {how} "
+                f"and {what}: the resume read a checkpoint that was visible before its commit "
+                "point; write the checkpoint under a temporary name and rename it into place "
+                "(os.replace) once every rank's part is written, or write a commit marker last "
+                f"and load only committed checkpoints{also}")
+    return (f"generation {g} resumed at step {resume} but {before}: step {s} began in "
+            f"generation {died} and never finished (it was in flight when that generation "
+            f"ended), so its effect cannot be in any complete checkpoint; resume from the last "
+            f"finished step + 1{also}")
 
 
 @register("no_rewind", column="rewind", assertion="assert_no_rewind",

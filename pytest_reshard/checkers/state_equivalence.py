@@ -1,97 +1,269 @@
 """state_equivalence: the state just after each load equals what was saved (or read).
 
-Compares load digests with the latest earlier save of the same step, or with the load's own
-``expected`` digest, component by component.
+Each rank's load of a step is compared, component by component, with what was saved for that
+step in an earlier generation (or, when nothing was, with the load's own ``expected`` digest):
+
+- a **replicated** component (the default: a model or optimizer under DDP, saved by rank 0 alone)
+  with what the lowest rank that saved it recorded;
+- a **per-rank** component (declared with ``per_rank=`` at ``checkpoint_saved`` or
+  ``checkpoint_loaded``: a rank's own RNG stream, its ZeRO shard) with what *that* rank saved.
+
+A component loaded but never saved (by any rank, or for a per-rank one by that rank), or saved
+but never loaded back (an EMA saved and not restored), fails naming component, rank and step.
+
+The load digest means something only at the restore: it must be taken right after the state is
+restored and before anything draws from it. The check takes the earliest load digest a rank
+recorded for a step and component, and does not fail what it cannot attribute to the restore: a
+difference in a digest recorded after the rank began a step, or one in the RNG alone at a resume
+that starts a new epoch (a data loader draws from the RNG to build the epoch's iterator), is
+``unknown``, saying how to record it so that it can be checked.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_reshard.checkers._text import _fault_before, _previous, _summarise
+from pytest_reshard.checkers._text import _fault_before, _never_started, _previous, _summarise
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.history import History
+from pytest_reshard.history import Checkpoint, History
 from pytest_reshard.verdict import Verdict
+
+_ADVICE = ("call run.checkpoint_saved(step, digest) and run.checkpoint_loaded(step, digest) with "
+           "probe.digest() of each component (model, optimizer, lr_schedule, data, rng)")
+
+
+@dataclass
+class _Record:
+    """One rank's save or load of one step in one generation, its events merged."""
+
+    gen: int
+    rank: int
+    step: int
+    digest: dict[str, str] = field(default_factory=dict)
+    per_rank: set[str] = field(default_factory=set)
+    expected: dict[str, str] = field(default_factory=dict)
+    late: set[str] = field(default_factory=set)  # components recorded after the rank began a step
+
+
+def _per_rank(c: Checkpoint) -> set[str]:
+    declared = c.info.get("per_rank") or ()
+    return {str(x) for x in ([declared] if isinstance(declared, str) else declared)}
+
+
+def _is_rng(component: str) -> bool:
+    name = component.lower()
+    return "rng" in name or "random" in name or "generator" in name
+
+
+def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, int, int], _Record]:
+    """(gen, rank, step) -> the merged record; ``earliest``: a component recorded twice keeps
+    its first digest (a load), else its last (a save: the last one written is on disk)."""
+    first_begin: dict[tuple[int, int], int] = {}
+    for i, e in enumerate(history.events):
+        if e["ev"] == "begin":
+            first_begin.setdefault((int(e["gen"]), int(e["rank"])), i)
+    out: dict[tuple[int, int, int], _Record] = {}
+    for c in history.checkpoints(kind):
+        key = (c.gen, c.rank, c.step)
+        rec = out.setdefault(key, _Record(c.gen, c.rank, c.step))
+        rec.per_rank |= _per_rank(c)
+        if not c.digest and not c.expected:
+            continue
+        began = first_begin.get((c.gen, c.rank))
+        late = began is not None and began < c.index
+        for comp, d in c.digest.items():
+            if not earliest or comp not in rec.digest:
+                rec.digest[comp] = d
+                (rec.late.add if late else rec.late.discard)(comp)
+        for comp, d in (c.expected or {}).items():
+            rec.expected.setdefault(comp, d)
+    return out
+
+
+def _epoch_starts_at(history: History, gen: int, step: int) -> bool:
+    """The resume at ``step`` in ``gen`` begins a new pass over the data: its samples' recorded
+    epoch (``s.record(epoch=...)``) is higher than the step before's, or, with no epochs
+    recorded, its samples repeat ones consumed since the last repeat before it (the pass that
+    ended at ``step - 1``)."""
+    def pairs(g: int, s: int) -> set[tuple[int, int]]:
+        return {p for ps in history.samples(g, s).values() for p in ps}
+
+    now = pairs(gen, step)
+    if not now:
+        return False
+    kept = {o.step: o for o in history.kept() if o.step < step}
+    before = pairs(kept[step - 1].gen, step - 1) if step - 1 in kept else set()
+    if not before:
+        return False
+    epochs_now, epochs_before = {e for e, _ in now}, {e for e, _ in before}
+    if epochs_now != {0} or epochs_before != {0}:
+        return min(epochs_now) > max(epochs_before)
+    seen: set[tuple[int, int]] = set()
+    for s in range(step - 1, -1, -1):      # back over the pass that ended at step - 1
+        got = pairs(kept[s].gen, s) if s in kept else set()
+        if not got or got & seen:
+            break
+        seen |= got
+    return bool(now & seen)
 
 
 def state_equivalence(history: History) -> Verdict:
-    """The state just after each load equals what was saved (or read), component by component."""
+    """The state just after each load equals what was saved (or read), component by component:
+    replicated components against any rank's save, per-rank ones against the same rank's."""
     check, replay = "state_equivalence", history.replay
+    never = _never_started(history)
+    if never is not None and not history.checkpoints():
+        return Verdict.unknown(check, never, replay=replay)
     gens = history.generations
     first_gen = min(gens, default=0)
-    loads = [c for c in history.checkpoints("load") if c.digest]
-    saves = [c for c in history.checkpoints("save") if c.digest]
-    advice = ("call run.checkpoint_saved(step, digest) and run.checkpoint_loaded(step, digest) with "
-              "probe.digest() of each component (model, optimizer, lr_schedule, data, rng)")
+    loads = {k: r for k, r in _group(history, "load", earliest=True).items()
+             if r.digest or r.expected}
+    every_save = _group(history, "save", earliest=False)
+    saves = {k: r for k, r in every_save.items() if r.digest}
+    savers: dict[tuple[int, int], set[int]] = {}   # (gen, step) -> ranks that recorded a save
+    for g, r, st in every_save:
+        savers.setdefault((g, st), set()).add(r)
     resumed = [g for g in gens.values() if g.gen != first_gen and (g.resume_step or 0) > 0]
-    loaded_gens = {c.gen for c in loads}
+    loaded_gens = {gen for gen, _, _ in loads}
     unverified = [f"generation {g.gen} resumed at step {g.resume_step} without recording a load "
                   "digest" for g in resumed if g.gen not in loaded_gens]
     mismatches: list[dict[str, Any]] = []
+    missing: list[dict[str, Any]] = []   # loaded never saved, saved never loaded back
+    excused: list[str] = []              # differences the restore may not have caused
     verified = 0
-    for load in loads:
-        earlier = [s for s in saves if s.step == load.step and s.gen < load.gen]
-        if earlier:
-            src_gen = max(s.gen for s in earlier)
-            baseline: dict[str, str] = {}
-            for s in sorted((s for s in earlier if s.gen == src_gen),
-                            key=lambda s: (s.rank, -s.index)):
-                for comp, d in s.digest.items():
-                    baseline.setdefault(comp, d)
-            source = f"saved in generation {src_gen}"
-        elif load.expected:
-            src_gen, baseline, source = None, dict(load.expected), "read (the load's expected digest)"
-        else:
-            if load.gen != first_gen:
-                unverified.append(f"the load of step {load.step} in generation {load.gen} (rank "
-                                  f"{load.rank}) has no earlier save of step {load.step} and no "
-                                  "expected digest")
+    for (gen, rank, step), load in sorted(loads.items()):
+        earlier = {k: s for k, s in saves.items() if k[2] == step and k[0] < gen}
+        if not load.digest:
+            continue   # this rank recorded what it read, not what it loaded: nothing to compare
+        if not earlier:
+            if load.expected:
+                baseline = {c: (d, "read (the load's expected digest)", None)
+                            for c, d in load.expected.items()}
+                common = sorted(set(baseline) & set(load.digest))
+                if not common:
+                    unverified.append(f"the load of step {step} in generation {gen} (rank {rank}) "
+                                      "shares no component with its expected digest")
+                    continue
+                verified += 1
+                _compare(history, load, common, baseline, None, mismatches, excused)
+            elif gen != first_gen:
+                cut = [f for f in history.faults_fired() if f.gen < gen and f.step == step
+                       and f.phase in ("checkpoint", "checkpoint_commit")]
+                if cut:
+                    text = (f"the load of step {step} in generation {gen} read a save that never "
+                            f"completed (generation {cut[0].gen} was killed in step {step} at its "
+                            f"{cut[0].phase} point): no saved digest to compare with (see "
+                            "no_rewind)")
+                    if text not in unverified:
+                        unverified.append(text)
+                else:
+                    unverified.append(f"the load of step {step} in generation {gen} (rank {rank}) "
+                                      f"has no earlier save of step {step} and no expected digest")
             continue
-        common = sorted(set(baseline) & set(load.digest))
+        per_rank = set(load.per_rank).union(*(s.per_rank for s in earlier.values()))
+        src_gen = max(g for g, _, _ in earlier)
+        baseline: dict[str, tuple[str, str, int | None]] = {}
+        for comp, d in load.digest.items():
+            if comp in per_rank:
+                mine = sorted((g for g, r, _ in earlier if r == rank and comp in
+                               earlier[(g, r, step)].digest), reverse=True)
+                if mine:
+                    baseline[comp] = (earlier[(mine[0], rank, step)].digest[comp],
+                                      f"saved by rank {rank} in generation {mine[0]}", mine[0])
+                else:
+                    others = sorted({r for (g, r, _), s in earlier.items() if comp in s.digest})
+                    by = (f"; rank{'s' if len(others) > 1 else ''} "
+                          f"{', '.join(map(str, others))} saved theirs" if others else "")
+                    missing.append({
+                        "message": f"{comp} (per-rank) was loaded by rank {rank} in generation "
+                                   f"{gen} for step {step}, but rank {rank} never saved its "
+                                   f"{comp} for step {step}{by}: what it restored is not its own "
+                                   "saved state (a per-rank file missing from the checkpoint: "
+                                   "did that rank die before writing it, and was the checkpoint "
+                                   "still used?)",
+                        "step": step, "rank": rank, "generation": gen, "component": comp})
+                continue
+            holders = sorted((g, r) for (g, r, _), s in earlier.items() if comp in s.digest)
+            if holders:
+                g_latest = max(g for g, _ in holders)
+                r_low = min(r for g, r in holders if g == g_latest)
+                baseline[comp] = (earlier[(g_latest, r_low, step)].digest[comp],
+                                  f"saved in generation {g_latest}", g_latest)
+            else:
+                missing.append({
+                    "message": f"{comp} was loaded by rank {rank} in generation {gen} for step "
+                               f"{step}, but no rank saved {comp} for step {step} (saved: "
+                               f"{', '.join(sorted(set().union(*(s.digest for s in earlier.values())))) or 'nothing'}): "
+                               f"its restored state cannot be what was saved; record it at the "
+                               "save too (the same component name at save and load)",
+                    "step": step, "rank": rank, "generation": gen, "component": comp})
+        common = sorted(baseline)
         if not common:
-            unverified.append(f"the load of step {load.step} in generation {load.gen} shares no "
-                              f"component with what was {source} (saved {sorted(baseline)}, "
-                              f"loaded {sorted(load.digest)})")
             continue
         verified += 1
-        differ = [c for c in common if baseline[c] != load.digest[c]]
-        if differ:
-            mismatches.append({"load": load, "differ": differ, "baseline": baseline,
-                               "src_gen": src_gen, "source": source})
+        _compare(history, load, common, baseline, src_gen, mismatches, excused, saves=saves,
+                 savers=savers)
+    # Saved but never loaded back: compared per loading generation.
+    for gen, step in sorted({(g, s) for g, _, s in loads}):
+        earlier = {k: s for k, s in saves.items() if k[2] == step and k[0] < gen}
+        if not earlier:
+            continue
+        src_gen = max(g for g, _, _ in earlier)
+        src = {k: s for k, s in earlier.items() if k[0] == src_gen}
+        mine = {r: l for (g, r, s), l in loads.items() if g == gen and s == step}
+        per_rank = set().union(*(s.per_rank for s in earlier.values()),
+                               *(l.per_rank for l in mine.values()))
+        world = gens[gen].world_size if gen in gens else 0
+        loaded_any = set().union(*(l.digest for l in mine.values()))
+        reported: set[str] = set()
+        for (_, r, _), s in sorted(src.items()):
+            for comp in sorted(s.digest):
+                if comp in per_rank:
+                    if r >= world or r not in mine or comp in mine[r].digest:
+                        continue   # that rank is gone (a shrink), recorded no load, or loaded it
+                    who, loaded = f"rank {r}", ", ".join(sorted(mine[r].digest))
+                elif comp in loaded_any or comp in reported:
+                    continue
+                else:
+                    who, loaded = "any rank", ", ".join(sorted(loaded_any))
+                    reported.add(comp)
+                missing.append({
+                    "message": f"{comp}{' (per-rank)' if comp in per_rank else ''} was saved by "
+                               f"rank {r} in generation {src_gen} for step {step} but never "
+                               f"loaded back by {who} in generation {gen}, which loaded only "
+                               f"{loaded or 'nothing'}: restore it with the rest of the state "
+                               "(or stop saving it), and record its digest at the load",
+                    "step": step, "rank": r if comp in per_rank else None, "generation": gen,
+                    "component": comp})
     details: dict[str, Any] = {"loads_verified": verified, "unverified": unverified,
-                               "mismatches": len(mismatches)}
+                               "mismatches": len(mismatches), "missing": len(missing),
+                               "excused": excused}
     if mismatches:
         m = mismatches[0]
-        load = m["load"]
-        src = gens.get(m["src_gen"]) if m["src_gen"] is not None else _previous(history, load.gen)
-        dst = gens.get(load.gen)
-        sizes = (f" (world size {src.world_size} -> {dst.world_size})" if src and dst else "")
-        kind = "resharded load" if src and dst and src.world_size != dst.world_size else "load"
-        comps = " and ".join(m["differ"])
-        verb = "differs" if len(m["differ"]) == 1 else "differ"
-        digests = ", ".join(f"{c}: {m['baseline'][c]} -> {load.digest[c]}" for c in m["differ"])
-        if "model" in m["differ"]:
-            hint = ("the parameters themselves did not round-trip: shards landed in the wrong "
-                    "place or were changed after loading; compare the sharding (device mesh, "
-                    "placements) at save and at load")
-        elif "optimizer" in m["differ"]:
-            hint = ("save and load it through torch.distributed.checkpoint.state_dict "
-                    "(get_state_dict/set_state_dict): the raw optimizer.state_dict() drops "
-                    "sharded state")
-        else:
-            hint = ("the checkpoint does not round-trip it across this world size: save it with "
-                    "the checkpoint and restore it on load")
-        text = (f"{comps} state {verb} after the {kind} of step {load.step} in generation "
-                f"{load.gen}{sizes} on rank {load.rank}: what was {m['source']} does not match what "
-                f"was loaded ({digests}); {hint}")
+        details["differ"] = m["differ"]
+        text = m["message"]
+        rest = [x["message"] for x in mismatches[1:]] + [x["message"] for x in missing]
         if len(mismatches) > 1:
             text += f" ({len(mismatches)} mismatching loads in all)"
-        details["differ"] = m["differ"]
-        return Verdict.failed(check, text, step=load.step, rank=load.rank, generation=load.gen,
-                              fault=_fault_before(history, load.gen), details=details,
+        if missing:
+            text += f"; also: {_summarise([x['message'] for x in missing])}"
+        details["problems"] = [m["message"], *rest]
+        return Verdict.failed(check, text, step=m["step"], rank=m["rank"], generation=m["gen"],
+                              fault=_fault_before(history, m["gen"]), details=details,
                               replay=replay)
+    if missing:
+        x = missing[0]
+        details["problems"] = [p["message"] for p in missing]
+        details["component"] = x["component"]
+        return Verdict.failed(check, _summarise([p["message"] for p in missing]), step=x["step"],
+                              rank=x["rank"], generation=x["generation"],
+                              fault=_fault_before(history, x["generation"]), details=details,
+                              replay=replay)
+    if excused:
+        return Verdict.unknown(check, _summarise(excused), details=details, replay=replay)
     if unverified:
-        return Verdict.unknown(check, f"{_summarise(unverified)}; {advice}", details=details,
+        return Verdict.unknown(check, f"{_summarise(unverified)}; {_ADVICE}", details=details,
                                replay=replay)
     if verified:
         return Verdict.passed(check, f"{verified} loads match what was saved, component by "
@@ -101,6 +273,104 @@ def state_equivalence(history: History) -> Verdict:
                               replay=replay)
     return Verdict.passed(check, "no generation resumed from saved state (each started at step 0): "
                           "no state to compare", details=details, replay=replay)
+
+
+def _compare(history: History, load: _Record, common: list[str],
+             baseline: dict[str, tuple[str, str, int | None]], src_gen: int | None,
+             mismatches: list[dict[str, Any]], excused: list[str],
+             saves: dict[tuple[int, int, int], _Record] | None = None,
+             savers: dict[tuple[int, int], set[int]] | None = None) -> None:
+    differ = [c for c in common if baseline[c][0] != load.digest[c]]
+    gen, rank, step = load.gen, load.rank, load.step
+    late = [c for c in differ if c in load.late]
+    if late:
+        excused.append(f"{' and '.join(late)} differ{'s' if len(late) == 1 else ''} after the "
+                       f"load of step {step} in generation {gen} on rank {rank}, but that digest "
+                       "was recorded after the rank began a step, so the state had moved on from "
+                       "the restore: call run.checkpoint_loaded right after the restore, before "
+                       "the first step")
+        differ = [c for c in differ if c not in late]
+    if not differ:
+        return
+    if all(_is_rng(c) for c in differ) and _epoch_starts_at(history, gen, step + 1):
+        excused.append(f"{' and '.join(differ)} differ{'s' if len(differ) == 1 else ''} after the "
+                       f"load of step {step} in generation {gen} on rank {rank}, and step "
+                       f"{step + 1} starts a new epoch: a data loader that draws from the RNG to "
+                       "build the epoch's iterator changes it between the restore and the first "
+                       "step, so this cannot be told from an RNG that was not restored; take the "
+                       "load digest right after the restore (before iter(dataloader)) to check it")
+        return
+    gens = history.generations
+    src = gens.get(src_gen) if src_gen is not None else _previous(history, gen)
+    dst = gens.get(gen)
+    sizes = f" (world size {src.world_size} -> {dst.world_size})" if src and dst else ""
+    resharded = bool(src and dst and src.world_size != dst.world_size)
+    kind = "resharded load" if resharded else "load"
+    comps = " and ".join(differ)
+    verb = "differs" if len(differ) == 1 else "differ"
+    digests = ", ".join(f"{c}: {baseline[c][0]} -> {load.digest[c]}" for c in differ)
+    sources = sorted({baseline[c][1] for c in differ})
+    source = sources[0] if len(sources) == 1 else "; ".join(sources)
+    hint = _hint(history, load, differ[0], src_gen, resharded, saves or {}, savers or {})
+    message = (f"{comps} state {verb} after the {kind} of step {step} in generation {gen}{sizes} "
+               f"on rank {rank}: what was {source} does not match what was loaded ({digests}); "
+               f"{hint}")
+    mismatches.append({"message": message, "differ": differ, "step": step, "rank": rank,
+                       "gen": gen})
+
+
+def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resharded: bool,
+          saves: dict[tuple[int, int, int], _Record],
+          savers: dict[tuple[int, int], set[int]]) -> str:
+    """What to look at, from what the history shows (who saved, at which world sizes)."""
+    got = load.digest[comp]
+    # The evidence first: the loaded state is some other saved state.
+    for (g, r, s), rec in sorted(saves.items(), key=lambda kv: (-kv[0][2], kv[0][0], kv[0][1])):
+        if rec.digest.get(comp) == got and (s != load.step or r != load.rank):
+            if s != load.step:
+                return (f"what was loaded is the {comp} saved for step {s} (generation {g}, rank "
+                        f"{r}): the load read another step's checkpoint, or a file the step-"
+                        f"{load.step} save did not rewrite")
+            return (f"what was loaded is the {comp} rank {r} saved: ranks read each other's "
+                    "per-rank files (name them by rank, and at a new world size decide which "
+                    "rank takes which)")
+    if src_gen is None:
+        return ("the state loaded is not what the checkpoint holds: restore every component into "
+                "the objects being trained")
+    recorded = [saves[k] for k in saves if k[0] == src_gen and k[2] == load.step]
+    digests = {rec.digest.get(comp) for rec in recorded} - {None}
+    per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)
+    savers_ = sorted(savers.get((src_gen, load.step), ()))
+    where = "at a new world size" if resharded else "at the same world size"
+    if per_rank or len(digests) > 1:
+        return (f"each rank saved its own {comp} (per-rank state, a ZeRO-style shard); loaded "
+                f"{where} it must come back to the rank it belongs to"
+                + (": a shard partitioned for the old world size is not this rank's shard now: "
+                   "consolidate it before saving (and digest the consolidated state), or "
+                   "re-partition it on load" if resharded else ""))
+    if len(savers_) == 1:
+        r = savers_[0]
+        base = (f"rank {r} saved the {comp} alone (a full, replicated copy) and rank "
+                f"{load.rank} loaded something else")
+        if comp == "model":
+            return (f"{base}: load that state dict into the model that trains (the module inside "
+                    "DDP), after any wrapping, from the file of this step")
+        if comp == "optimizer":
+            return (f"{base}: restore it with optimizer.load_state_dict(saved) once the optimizer "
+                    "exists over the parameters that train; a fresh optimizer has empty state")
+        return f"{base}: save it with the checkpoint and restore it on load"
+    # Every rank took part in the save (a collective, sharded save such as DCP).
+    if comp == "model":
+        return (f"every rank took part in saving it (a sharded save) and it was loaded {where}: "
+                "the parameters did not round-trip; compare how they are sharded at save and at "
+                "load (device mesh, placements)")
+    if comp == "optimizer":
+        return (f"every rank took part in saving it (a sharded save) and it was loaded {where}: "
+                "save and load sharded optimizer state through "
+                "torch.distributed.checkpoint.state_dict (get_state_dict/set_state_dict); the raw "
+                "optimizer.state_dict() of a sharded model is not the whole state")
+    return (f"the checkpoint does not round-trip it {where}: save it with the checkpoint and "
+            "restore it on load")
 
 
 @register("state_equivalence", column="state", assertion="assert_state_equivalent",

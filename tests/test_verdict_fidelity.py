@@ -1,0 +1,389 @@
+"""Verdicts and messages that say what happened: each planted bug (or correct script a checker
+used to fail) is run for real (tests/workloads/verdict_train.py, gloo, 2 ranks, 12 steps), or,
+where no process is needed, judged on a hand-built history (tests/histories.py)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pytest_reshard import chaos, checkers
+from pytest_reshard.checkers import exactly_once_samples, liveness, no_rewind, state_equivalence
+
+from .conftest import WORKLOADS
+from .histories import DIGEST, Builder, clean_run, default_samples
+from .histories import reshard_run as resharded
+
+SCRIPT = str(WORKLOADS / "verdict_train.py")
+TOY = str(WORKLOADS / "toy_train.py")
+#: The correct script with everything that used to trip a checker: epochs whose sample ids
+#: repeat (no epoch= recorded), a per-rank RNG in one file per rank, an EMA in the checkpoint.
+CORRECT = ["--per-rank-rng", "--ema"]
+
+pytestmark = pytest.mark.reshard(world_size=2, steps=12, timeout=60)
+
+
+def _status(result):
+    return {name: v.status for name, v in result.verdicts.items()}
+
+
+# -- the correct script passes everything, under every fault it can meet ----------------------
+@pytest.mark.parametrize("fault", [
+    chaos.shift_shards(to_world_size=1, at_step=5, notice_s=10),
+    chaos.kill(rank=1, at_step=7, phase="backward"),
+    chaos.preempt(at_step=4, phase="forward", grace_s=10),
+    chaos.kill_during_save(rank=0, at_step=8, boundary="commit"),
+], ids=["shift_shards", "kill", "preempt", "kill_during_save"])
+def test_the_correct_script_passes_every_checker(reshard_run, fault):
+    """Item 8 too: 12 steps of 4 per epoch, sample ids repeating each epoch without epoch=;
+    the clean run repeats them at the same steps, so they are epochs, not duplicates."""
+    result = reshard_run(SCRIPT, args=CORRECT, faults=[fault])
+    result.assert_ok()
+    v = result.verdicts["exactly_once_samples"]
+    assert "steps 0..11" in v.message, v.message
+    assert "rank_rng" in {c for ck in result.history.checkpoints("load") for c in ck.digest}
+
+
+# -- 5: per-rank state saved and never loaded back, or loaded and never saved -------------------
+def test_a_per_rank_rng_not_restored_at_a_reshard_to_one_rank_fails(reshard_run):
+    """Hugging Face's way: one process looks for rng.pt, the ranks saved rng-0.pt and rng-1.pt.
+    Before: the component missing from the load was skipped (pass)."""
+    result = reshard_run(SCRIPT, args=["--per-rank-rng", "--bug-rng-world1-name"],
+                         faults=[chaos.shift_shards(to_world_size=1, at_step=5, notice_s=10)])
+    v = result.verdicts["state_equivalence"]
+    assert v.status == "fail", v
+    assert v.message.startswith("rank_rng (per-rank) was saved by rank 0 in generation 0 for step "
+                                "5 but never loaded back by rank 0 in generation 1"), v.message
+    assert (v.step, v.rank, v.generation) == (5, 0, 1)
+
+
+def test_an_ema_saved_and_never_restored_fails(reshard_run):
+    result = reshard_run(SCRIPT, args=["--ema", "--bug-ema-not-restored"],
+                         faults=[chaos.kill(rank=1, at_step=7, phase="backward")])
+    v = result.verdicts["state_equivalence"]
+    assert v.status == "fail", v
+    assert v.message.startswith("ema was saved by rank 0 in generation 0 for step 5 but never "
+                                "loaded back by any rank in generation 1"), v.message
+
+
+def _saves_and_loads(save: dict, load: dict, *, per_rank=("rng",), world=2) -> Builder:
+    """A kill after step 5 (saved), a resume at step 6; ``save``/``load``: rank -> digest."""
+    b = Builder(steps=10, world_size=world)
+    g0 = b.gen(run=range(6), partial={6: [0]}, cause="failure", max_rewind=3)
+    for r, d in save.items():
+        b.rank(g0, r, "ckpt_save", step=5, digest=d, per_rank=list(per_rank))
+    g1 = b.gen(resume=None, run=(), cause=None, max_rewind=3)
+    for r, d in load.items():
+        b.rank(g1, r, "ckpt_load", step=5, digest=d)
+    for r in range(world):
+        b.rank(g1, r, "resumed", step=6, source="checkpoint")
+    for s in range(6, 10):
+        for r in range(world):
+            b.rank(g1, r, "begin", step=s)
+            b.rank(g1, r, "record", step=s, loss=1.0, samples=default_samples(s, r, world))
+            b.rank(g1, r, "end", step=s)
+    b.sup("gen_end", gen=g1, cause="complete", planned=False, fault_id=None, detail="")
+    return b
+
+
+def test_a_per_rank_component_loaded_but_never_saved_by_that_rank_fails() -> None:
+    """Rank 1 died before writing its RNG file; its load restored something else."""
+    b = _saves_and_loads({0: {**DIGEST, "rng": "r0"}},
+                         {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "fresh"}})
+    v = state_equivalence(b.history())
+    assert v.status == "fail", v
+    assert v.message.startswith("rng (per-rank) was loaded by rank 1 in generation 1 for step 5, "
+                                "but rank 1 never saved its rng for step 5; rank 0 saved theirs")
+    assert (v.step, v.rank, v.generation) == (5, 1, 1)
+
+
+def test_per_rank_components_are_compared_rank_by_rank() -> None:
+    good = _saves_and_loads({0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}},
+                            {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}})
+    assert state_equivalence(good.history()).status == "pass"
+    swapped = _saves_and_loads({0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}},
+                               {0: {**DIGEST, "rng": "r1"}, 1: {"rng": "r0"}})
+    v = state_equivalence(swapped.history())
+    assert v.status == "fail" and v.message.startswith("rng state differs after the load of step 5 "
+                                                       "in generation 1 (world size 2 -> 2) on "
+                                                       "rank 0: what was saved by rank 0")
+    assert "is the rng rank 1 saved: ranks read each other's per-rank files" in v.message
+
+
+def test_a_replicated_component_loaded_but_never_saved_fails() -> None:
+    b = _saves_and_loads({0: dict(DIGEST)}, {0: {**DIGEST, "ema": "e"}}, per_rank=())
+    v = state_equivalence(b.history())
+    assert v.status == "fail"
+    assert v.message.startswith("ema was loaded by rank 0 in generation 1 for step 5, but no rank "
+                                "saved ema for step 5")
+
+
+# -- 6: the load digest means something only at the restore ------------------------------------
+def test_an_rng_digest_taken_after_the_epoch_iterator_is_unknown_not_a_failure(reshard_run):
+    """The resume at step 4 starts epoch 1: the iterator draws its shuffle seed from the RNG
+    before the first step. Digested there (as an on_step_begin callback would), the RNG differs
+    from the save. Before: a false alarm (fail)."""
+    late = reshard_run(SCRIPT, args=["--record-epoch", "--digest-late"],
+                       faults=[chaos.shift_shards(to_world_size=1, at_step=3, notice_s=10)])
+    v = late.verdicts["state_equivalence"]
+    assert v.status == "unknown", v
+    assert "rng differs after the load of step 3" in v.message and "starts a new epoch" in v.message
+    assert "take the load digest right after the restore" in v.message
+    assert all(late.verdicts[c].status == "pass" for c in late.verdicts if c != "state_equivalence")
+    at_restore = reshard_run(SCRIPT, args=["--record-epoch"],
+                             faults=[chaos.shift_shards(to_world_size=1, at_step=3, notice_s=10)])
+    at_restore.assert_ok()
+
+
+def test_a_load_digest_recorded_after_a_step_began_is_not_failed() -> None:
+    b = resharded(load=None)
+    b.rank(1, 0, "ckpt_load", step=12, digest=dict(DIGEST, optimizer="moved-on"))  # at the end
+    v = state_equivalence(b.history())
+    assert v.status == "unknown", v
+    assert "recorded after the rank began a step" in v.message
+
+
+def test_the_earliest_load_digest_of_a_component_counts() -> None:
+    b = resharded()                       # rank 0 recorded the right digest at the restore
+    b.rank(1, 0, "ckpt_load", step=12, digest=dict(DIGEST, optimizer="moved-on"))
+    assert state_equivalence(b.history()).status == "pass"
+
+
+# -- 7: hints from what the history shows -------------------------------------------------------
+def test_the_optimizer_hint_of_a_rank0_save_does_not_speak_of_sharded_state(reshard_run):
+    """Before: "save and load it through torch.distributed.checkpoint.state_dict
+    (get_state_dict/set_state_dict)" for a script that saves opt.state_dict() on rank 0."""
+    result = reshard_run(TOY, world_size=4, steps=12, args=["--drop-optimizer-state"],
+                         faults=[chaos.shift_shards(to_world_size=3, at_step=6, notice_s=10)])
+    v = result.verdicts["state_equivalence"]
+    assert v.status == "fail"
+    assert "rank 0 saved the optimizer alone" in v.message, v.message
+    assert "get_state_dict" not in v.message and "device mesh" not in v.message
+
+
+def _model_mismatch(savers: list[int], world_after: int) -> str:
+    b = Builder(steps=10, world_size=2)
+    b.gen(run=range(5), cause="reshard", planned=True)
+    for r in savers:
+        b.rank(0, r, "ckpt_save", step=4, digest={"model": "m"} if r == 0 else {})
+    b.gen(world_size=world_after, resume=5, run=range(5, 10), load=(4, {"model": "other"}))
+    return state_equivalence(b.history()).message
+
+
+def test_the_model_hint_names_sharding_only_for_a_sharded_save() -> None:
+    alone = _model_mismatch([0], 3)
+    assert "rank 0 saved the model alone" in alone and "device mesh" not in alone
+    sharded = _model_mismatch([0, 1], 3)
+    assert "a sharded save" in sharded and "device mesh" in sharded
+
+
+def test_a_per_rank_optimizer_shard_gets_a_zero_hint_not_a_dcp_one() -> None:
+    b = _saves_and_loads({0: {"optimizer": "o0"}, 1: {"optimizer": "o1"}},
+                         {0: {"optimizer": "o0"}, 1: {"optimizer": "bad"}}, per_rank=("optimizer",))
+    v = state_equivalence(b.history())
+    assert v.status == "fail" and "each rank saved its own optimizer" in v.message
+    assert "get_state_dict" not in v.message
+
+
+def test_an_older_checkpoints_state_is_named() -> None:
+    b = Builder(steps=20)
+    b.gen(run=range(13), cause="reshard", planned=True, saves={9: dict(DIGEST, model="old"),
+                                                               12: DIGEST})
+    b.gen(world_size=3, resume=13, run=range(13, 20), load=(12, dict(DIGEST, model="old")))
+    v = state_equivalence(b.history())
+    assert "is the model saved for step 9" in v.message, v.message
+
+
+# -- 8: a repeat the clean run shows at the same step is an epoch --------------------------------
+def _epochs(samples) -> Builder:
+    """20 steps over a dataset of 40 samples (2 epochs of 10 steps), no epoch recorded."""
+    b = Builder(steps=20)
+    b.gen(run=range(20), samples=samples)
+    return b
+
+
+def _wrap(s, r, w):
+    return list(range((s % 10) * 4, (s % 10) * 4 + 4))[r::w]
+
+
+def test_exactly_once_tells_an_unrecorded_epoch_from_a_duplicate() -> None:
+    reference = _epochs(_wrap).history()
+    v = exactly_once_samples(_epochs(_wrap).history(), reference=reference)
+    assert v.status == "pass", v
+    assert v.message.startswith("40 sample ids consumed over 20 kept steps (steps 0..19), each as "
+                                "often as in the clean run and at the same steps (80 "
+                                "consumptions"), v.message
+    assert exactly_once_samples(clean_run(), reference=clean_run()).message.startswith(
+        "80 samples consumed exactly once over 20 kept steps (steps 0..19), none of the "
+        "reference's lost")
+    # a reshard at step 12 that restarts the data loader: step 13 re-reads step 0's batch
+    restarted = Builder(steps=20)
+    restarted.gen(run=range(13), cause="reshard", planned=True, samples=_wrap)
+    restarted.gen(resume=13, run=range(13, 20), samples=lambda s, r, w: _wrap(s - 13, r, w))
+    v = exactly_once_samples(restarted.history(), reference=reference)
+    assert v.status == "fail", v
+    assert v.message.startswith("sample 0 (epoch 0) consumed 3 times (the clean reference run "
+                                "consumed it 2 times by step 19): at step 10 (generation 0, rank "
+                                "0) and again at step 13 (generation 1, rank 0)"), v.message
+
+
+def test_a_sample_lost_in_one_epoch_is_lost_though_its_id_comes_back() -> None:
+    """Without epoch=, counting (role, epoch, sample) as a set would see rank 1's share of step
+    13 at step 3 and call it consumed; the clean run consumed it twice by step 19."""
+    reference = _epochs(_wrap).history()
+    dropped = Builder(steps=20)
+    dropped.gen(run=range(13), cause="reshard", planned=True, samples=_wrap)
+    dropped.gen(resume=13, run=range(13, 20),   # rank 1 drops its share of step 13
+                samples=lambda s, r, w: None if (s, r) == (13, 1) else _wrap(s, r, w))
+    v = exactly_once_samples(dropped.history(), reference=reference)
+    assert v.status == "fail", v
+    assert v.message.startswith("2 samples the reference consumed by step 19 were consumed fewer "
+                                "times than in the reference (1 of 2 for the first"), v.message
+    assert "first sample 13 (epoch 0), reference step 13" in v.message
+
+
+# -- 9: a pass says what it covered; a run that stopped early is not a full pass ----------------
+def test_a_run_that_died_early_is_not_a_full_pass_of_exactly_once(reshard_run):
+    """Before: "pass: ... none of the reference's lost" for a run that stopped at step 6."""
+    result = reshard_run(SCRIPT, args=CORRECT, max_generations=1,
+                         faults=[chaos.kill(rank=1, at_step=7, phase="backward")])
+    v = result.verdicts["exactly_once_samples"]
+    assert v.status == "unknown", v
+    assert v.message.startswith("the run stopped at step 6: the samples of steps 7..11 were never "
+                                "checked; 48 sample ids consumed over 7 kept steps (steps "
+                                "0..6), each as often as in the clean run and at the same steps "
+                                "(84 consumptions"), v.message
+
+
+# -- 10: what a resume past an uncommitted save read --------------------------------------------
+def test_a_resume_from_a_checkpoint_visible_before_its_commit_says_so(reshard_run):
+    """Before: "generation 1 resumed at step 9 but the last step finished before was 7: steps 8
+    were never run" (step 8 had run; its state was in the checkpoint)."""
+    result = reshard_run(SCRIPT, args=["--bug-load-uncommitted"],
+                         faults=[chaos.kill_during_save(rank=0, at_step=8, boundary="commit")])
+    v = result.verdicts["no_rewind"]
+    assert v.status == "fail", v
+    assert v.message.startswith(
+        "generation 1 resumed at step 9 from the state of step 8, but generation 0 was killed in "
+        "step 8 at its checkpoint_commit point (kill(rank:0) at step 8 checkpoint_commit, rank "
+        "0), before the step ended and no save of step 8 was recorded as completed "
+        "(run.checkpoint_saved): the resume read a checkpoint that was visible before its commit "
+        "point"), v.message
+    assert "never run" not in v.message
+    state = result.verdicts["state_equivalence"]
+    assert state.status == "unknown" and state.message.startswith(
+        "the load of step 8 in generation 1 read a save that never completed (generation 0 was "
+        "killed in step 8 at its checkpoint_commit point)"), state.message
+    # step 8's samples are lost, though their ids come back every epoch (no epoch= recorded)
+    lost = result.verdicts["exactly_once_samples"]
+    assert lost.status == "fail" and "were consumed fewer times than in the reference" in \
+        lost.message and "drawn at step 8 in generation 0, whose effect was discarded" in \
+        lost.message, lost.message
+
+
+# -- 11: a workload that fails without any fault ------------------------------------------------
+def test_a_workload_whose_clean_run_fails_is_said_first(reshard_run):
+    result = reshard_run(SCRIPT, args=["--bug-exit-at", "7"],
+                         faults=[chaos.shift_shards(to_world_size=2, at_step=3, notice_s=10)])
+    v = result.verdicts["liveness"]
+    assert v.status == "fail"
+    assert v.message.startswith("the workload fails without any fault (reference run at 2 ranks: "
+                                "rank 1 exited at step 7); fix that before chaos testing; this "
+                                "run: rank 1 exited early"), v.message
+    for name in ("loss_continuity", "exactly_once_samples"):
+        assert result.verdicts[name].status == "unknown"
+
+
+# -- A, B, C: a run that never starts -----------------------------------------------------------
+def _never_started_verdicts(result):
+    v = result.verdicts["liveness"]
+    assert v.status == "fail"
+    for name in ("no_rewind", "state_equivalence", "exactly_once_samples", "loss_continuity"):
+        other = result.verdicts[name]
+        assert other.status == "unknown", other
+        assert "the run never started" in other.message, other.message
+        assert "died" not in other.message and "s.record" not in other.message, other.message
+    return v
+
+
+def test_a_script_that_raises_at_import_is_said_once_with_its_traceback(reshard_run):
+    result = reshard_run(SCRIPT, args=["--bug-raise-at-import"])
+    v = _never_started_verdicts(result)
+    assert v.message.startswith("the run never started: rank 0 died (exit code 1) before its first "
+                                "step, before it called probe.attach(): a syntax error, an "
+                                "exception at import"), v.message
+    assert "logs/g0-r0.log" in v.message and v.message.count("died") == 1
+    # with the run folder, the message ends with the rank's traceback
+    full = liveness(result.history, run_dir=result.run_dir)
+    assert f"{result.run_dir}/logs/g0-r0.log ends:" in full.message
+    assert "ModuleNotFoundError: No module named 'a_module_that_is_not_installed'" in full.message
+
+
+def test_a_syntax_error_is_said_once(reshard_run, tmp_path):
+    script = tmp_path / "typo_train.py"
+    script.write_text("from pytest_reshard import probe\nrun = probe.attach(\nfor x in y:\n")
+    result = reshard_run(str(script), steps=4)
+    v = _never_started_verdicts(result)
+    assert "before it called probe.attach()" in v.message
+    assert "SyntaxError" in liveness(result.history, run_dir=result.run_dir).message
+
+
+def test_a_script_that_hangs_before_its_first_step(reshard_run):
+    """Attached, never began a step: the timeout is paid once by the checkers (no reference run
+    for them), and nobody blames a missing s.record(samples=...)."""
+    result = reshard_run(SCRIPT, args=["--hang-before-first-step"], timeout=4)
+    v = _never_started_verdicts(result)
+    assert v.message.startswith("the run never started: every rank attached (probe.attach()) but "
+                                "none began a step"), v.message
+    assert "timeout" in v.message
+
+
+def test_a_run_that_began_but_kept_no_step_is_not_told_to_record_samples() -> None:
+    """A timeout in step 0 on a script that records both: nothing to check, not nothing recorded."""
+    b = Builder(steps=10)
+    b.gen(run=(), partial={0: []}, cause="timeout", samples=lambda s, r, w: None)
+    v = exactly_once_samples(b.history())
+    assert v.status == "unknown" and "s.record" not in v.message
+    assert v.message.startswith("no step completed on every rank")
+
+
+def test_no_reference_is_run_for_a_run_that_never_started() -> None:
+    b = Builder(steps=10)
+    b.gen(run=(), resume=None, cause="timeout")
+    asked: list = []
+    ctx = checkers.CheckContext(b.history(), reference_runs=lambda roles: asked.append(roles))
+    verdicts = checkers.run_all(ctx)
+    assert asked == []
+    for name in ("loss_continuity", "exactly_once_samples"):
+        assert verdicts[name].status == "unknown"
+        assert "the run never started" in verdicts[name].message
+        assert "no clean reference run was started" in verdicts[name].message
+
+
+def test_a_fault_whose_victim_was_gone_does_not_blame_the_fault_point() -> None:
+    """Rank 1 was killed from outside at step 3; the kill planned at step 6 never fired. Before:
+    "does it call s.point('backward')?" of a script that marks backward in every step."""
+    fault = {"kind": "kill", "target": "rank:1", "step": 6, "phase": "backward", "params": {}}
+    b = Builder(steps=10, faults=[fault])
+    b.gen(run=range(3), partial={3: [0]}, cause="failure")
+    for e in [e for e in b.events if e["ev"] == "begin"]:
+        b.rank(e["gen"], e["rank"], "point", step=e["step"], phase="backward")
+    b.detect(0, "died", 1, 3, "forward", expected=False, exit_code=-9)
+    b.sup("unfired", fault_id=0, detail="")
+    v = liveness(b.history())
+    unfired = next(p for p in v.details["problems"] if "never fired" in p)
+    assert "s.point" not in unfired
+    assert "its target was gone before it got there: rank 1 died (killed by signal 9) at step 3, " \
+           "phase forward (generation 0)" in unfired
+
+
+# -- D: training on after SIGTERM -----------------------------------------------------------------
+def test_a_script_that_keeps_training_after_sigterm_fails_liveness(reshard_run):
+    """It asks run.stop_requested() only at its checkpoint steps (every 3rd): SIGTERM at step 3
+    and it trains steps 4 and 5 before it saves and exits. Before: every checker passed."""
+    result = reshard_run(SCRIPT, args=["--bug-stop-at-checkpoints"],
+                         faults=[chaos.preempt(at_step=3, phase="forward", grace_s=20)])
+    v = result.verdicts["liveness"]
+    assert v.status == "fail", v
+    assert re.match(r"rank [01] kept training 2 steps after SIGTERM \(steps 4\.\.5\); a spot node "
+                    r"would have been reclaimed", v.message), v.message
