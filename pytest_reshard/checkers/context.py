@@ -16,7 +16,7 @@ from pytest_reshard.history import History
 if TYPE_CHECKING:  # the supervisor is not imported to read a history
     from pytest_reshard.supervisor import Scenario
 
-__all__ = ["CheckContext", "CleanRuns", "ReferenceRuns", "noise_floor_roles"]
+__all__ = ["CheckContext", "CleanReference", "CleanRuns", "ReferenceRuns", "noise_floor_roles"]
 
 #: ``reference(roles) -> History``: a fault-free run of the same workload, seed and data with one
 #: rank per entry of ``roles`` (the session's ``Session.reference``, cached there).
@@ -29,6 +29,13 @@ class CleanRuns(NamedTuple):
     reference: History | None   # at the scenario's first topology; None: no reference available
     second: History | None      # at another topology, to measure the noise floor; None: none
     broken: str | None          # why neither can be used: a clean run did not finish (else None)
+
+
+class CleanReference(NamedTuple):
+    """One clean run at one topology (``CheckContext.clean_reference``)."""
+
+    history: History | None     # None: this context has no source of clean runs
+    broken: str | None          # why it cannot be used: it did not finish, or the run never started
 
 
 @dataclass(frozen=True)
@@ -54,7 +61,17 @@ class CheckContext:
         if self.reference_runs is None:
             raise LookupError("this check context has no clean reference runs (it was built "
                               "without reference_runs=); run the scenario through a Session")
-        return self.reference_runs(list(roles))
+        key = ("reference", tuple(roles))  # asked once per topology, by every checker together
+        if key not in self._cache:
+            try:
+                self._cache[key] = self.reference_runs(list(roles))
+            except Exception as e:  # a clean run that cannot start is not started twice
+                self._cache[key] = e
+        got = self._cache[key]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
 
     @property
     def has_references(self) -> bool:
@@ -72,6 +89,42 @@ class CheckContext:
     def has_roles(self, *roles: str) -> bool:
         """Some generation of the run has a rank of each of ``roles``."""
         return any(set(roles) <= set(g.roles) for g in self.history.generations.values())
+
+    def clean_reference(self, roles: Sequence[str]) -> CleanReference:
+        """The clean run with these ranks' roles and whether it can be compared with (cached per
+        topology). Asks for that one run only: a checker that judges each generation against
+        the clean run at its own topology pays for the topologies the run used, no more. A run
+        in which no rank began a step starts none (there is nothing to compare)."""
+        key = ("clean_at", tuple(roles))
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._clean_reference(list(roles))
+            except Exception as e:  # a clean run that cannot start is not started twice
+                self._cache[key] = e
+        clean = self._cache[key]
+        if isinstance(clean, Exception):
+            raise clean
+        assert isinstance(clean, CleanReference)
+        return clean
+
+    def _clean_reference(self, roles: list[str]) -> CleanReference:
+        if not any(self.history.begun(g) for g in self.history.generations):
+            said = self.clean_runs().broken  # the same words as the other checkers' reason
+            return CleanReference(None, said or "the run never started: no rank began a step, so "
+                                                "there is nothing to compare (see liveness); no "
+                                                "clean reference run was started")
+        if self.reference_runs is None:
+            return CleanReference(None, None)
+        from pytest_reshard.checkers.liveness import liveness
+
+        h = self.reference(roles)
+        v = liveness(h)
+        if v.status != "pass":
+            problem = (v.details.get("problems") or [v.message])[0]
+            size = h.scenario.world_size if h.scenario else len(roles)
+            return CleanReference(h, f"the clean reference run (world size {size}) did not "
+                                     f"finish: {problem} (see liveness)")
+        return CleanReference(h, None)
 
     def clean_runs(self) -> CleanRuns:
         """The clean run at the first topology, one at a second topology for the noise floor
