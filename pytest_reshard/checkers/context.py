@@ -72,7 +72,6 @@ class CheckContext:
             raise got
         return got
 
-
     @property
     def has_references(self) -> bool:
         return self.reference_runs is not None
