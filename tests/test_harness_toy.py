@@ -67,9 +67,10 @@ def test_other_launchers_run_the_same_scenario(reshard_run, toy, launcher):
 
 
 def test_scenario_timeout_ends_every_process(reshard_run, toy):
-    """A hang nobody detects (huge hang_s and stall_s) is still ended by the scenario timeout."""
+    """A hang nobody detects (a rank blocked with its heartbeat alive, and a huge stall_s) is
+    still ended by the scenario timeout. (A SIGSTOPped rank is named from /proc at once.)"""
     result = reshard_run(toy, timeout=12, hang_s=1000, stall_s=1000,
-                         faults=[chaos.hang(rank=0, at_step=3, phase="forward")])
+                         faults=[chaos.hang(rank=0, at_step=3, phase="forward", mode="block")])
     assert [f.kind for f in result.history.faults_fired()] == ["hang"]
     with pytest.raises(ReshardAssertionError, match="liveness FAIL.*timeout"):
         result.assert_live()
