@@ -196,9 +196,12 @@ class _Index:
 class History:
     """The merged, typed events of one run. Build with ``load`` or ``from_events``."""
 
-    def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = ()) -> None:
+    def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = (),
+                 run_dir: Path | None = None) -> None:
         self.events: tuple[Event, ...] = tuple(events)
         self.torn: tuple[Torn, ...] = tuple(torn)
+        #: The run folder it was loaded from (its logs, for messages), None when built in memory.
+        self.run_dir = run_dir
         self._ix = _Index()
         self._supervisor: list[Event] = []
         self._ranked: list[tuple[int, Event]] = []
@@ -255,7 +258,7 @@ class History:
                 events.append(e)
             torn.extend(file_torn)
         events.sort(key=lambda e: float(e.get("t", 0.0)))  # stable: file order within equal times
-        return cls(events, torn=torn)
+        return cls(events, torn=torn, run_dir=root.root)
 
     def _index_rank_event(self, e: Event) -> None:
         ix = self._ix

@@ -320,7 +320,9 @@ class Run:
         the live objects. ``per_rank``: as for ``checkpoint_saved`` (declared at either end).
         A component saved but not loaded back, or loaded but never saved, fails the check:
         record only what was really restored. ``expected=``: the digest of what was read, when
-        no save of this step was recorded."""
+        no save of this step was recorded. ``digest_at="restore"``: the workload vouches that the
+        digest was taken at the restore itself (the framework adapters do), so an RNG that
+        differs at an epoch's start is a fail, not an unknown."""
         if not self.active:
             return
         digests = dict(state_digest or {})

@@ -48,14 +48,11 @@ def test_an_epoch_boundary_resume_with_dropout_diverges_the_rng_is_not_saved(res
                          faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
     state = result.verdicts["state_equivalence"]
     assert "rng" in state.message and "generation 1" in state.message, state.message
-    if state.status == "unknown":
-        # The loss still says where the run left the saved trajectory.
-        loss = _failed(result, "loss_continuity")
-        assert "resume point step 4" in loss, loss
-        pytest.xfail("state_equivalence excuses an RNG that differs at a resume starting an epoch "
-                     "(it cannot tell when the load digest was taken; the adapter takes it at "
-                     f"on_train_start, before the data iterator): {state.message}")
+    # the adapter takes the load digest at the restore (digest_at="restore"), so an RNG that
+    # differs at the epoch's start is not excused as the data iterator's draw
     assert state.status == "fail", state.message
+    loss = _failed(result, "loss_continuity")
+    assert "resume point step 4" in loss, loss
 
 
 def test_max_steps_resumes_an_end_of_epoch_checkpoint_into_the_finished_epoch(reshard_run):

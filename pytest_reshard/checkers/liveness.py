@@ -8,7 +8,6 @@ clean reference run fails is a failure of the workload, said first.
 """
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -300,30 +299,13 @@ def clean_failure(h: History) -> str | None:
     return str(problems[0])
 
 
-def _run_dir_of(ctx: CheckContext) -> Path | None:
-    """The run's folder, where the context or the history says it (or the session's own
-    ``pytest-reshard replay RUN/scenario.json``); None when nothing does."""
-    for owner in (ctx, ctx.history):
-        found = getattr(owner, "run_dir", None)
-        if found:
-            return Path(found)
-    try:
-        words = shlex.split(ctx.history.replay or "")
-    except ValueError:
-        return None
-    for w in words:
-        if w.endswith("scenario.json") and Path(w).parent.joinpath("logs").is_dir():
-            return Path(w).parent
-    return None
-
-
 @register("liveness", column="live", assertion="assert_live",
           description="the run finished; no rank died, stopped or vanished without a scheduled "
                       "fault; every scheduled fault fired")
 def _check(ctx: CheckContext) -> Verdict:
     """The run's own liveness; first, when the clean reference run fails too, that the workload
     fails without any fault (no reference is run for a run that never began a step)."""
-    v = liveness(ctx.history, run_dir=_run_dir_of(ctx))
+    v = liveness(ctx.history, run_dir=ctx.history.run_dir)
     if _never_started(ctx.history) is not None or not ctx.has_references:
         return v
     try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pytest_reshard.checkers._text import _count
+from pytest_reshard.checkers._text import _count, _never_started
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History
@@ -20,6 +20,9 @@ def poisoned_commit(history: History) -> Verdict:
     from pytest_reshard.telemetry import FATAL_XIDS
 
     check, replay = "poisoned_commit", history.replay
+    never = _never_started(history)
+    if never is not None:
+        return Verdict.unknown(check, never, replay=replay)
 
     def fatal(p: Mapping[str, Any]) -> bool:
         return p.get("layer") == "compute" or p.get("kind", "dbe") == "dbe" or p.get("xid") in FATAL_XIDS

@@ -44,6 +44,7 @@ class _Record:
     per_rank: set[str] = field(default_factory=set)
     expected: dict[str, str] = field(default_factory=dict)
     late: set[str] = field(default_factory=set)  # components recorded after the rank began a step
+    at_restore: bool = False  # the workload says the digest was taken at the restore itself
 
 
 def _per_rank(c: Checkpoint) -> set[str]:
@@ -68,6 +69,7 @@ def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, in
         key = (c.gen, c.rank, c.step)
         rec = out.setdefault(key, _Record(c.gen, c.rank, c.step))
         rec.per_rank |= _per_rank(c)
+        rec.at_restore |= str(c.info.get("digest_at", "")).startswith("restore")
         if not c.digest and not c.expected:
             continue
         began = first_begin.get((c.gen, c.rank))
@@ -292,7 +294,8 @@ def _compare(history: History, load: _Record, common: list[str],
         differ = [c for c in differ if c not in late]
     if not differ:
         return
-    if all(_is_rng(c) for c in differ) and _epoch_starts_at(history, gen, step + 1):
+    if all(_is_rng(c) for c in differ) and not load.at_restore and \
+            _epoch_starts_at(history, gen, step + 1):
         excused.append(f"{' and '.join(differ)} differ{'s' if len(differ) == 1 else ''} after the "
                        f"load of step {step} in generation {gen} on rank {rank}, and step "
                        f"{step + 1} starts a new epoch: a data loader that draws from the RNG to "
