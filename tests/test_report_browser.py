@@ -114,7 +114,7 @@ def test_the_report_renders_in_a_real_browser(failing_run):
     assert sorted(shown["timeline_faults"]) == ["kill", "shift_shards", "shift_shards", "shift_shards"]
     assert shown["detections"] == ["died"]
     assert "state_equivalence" in shown["failed"]
-    assert shown["replay"] == "pytest 'test_planted.py::test_resume_bug' --reshard-seed=0"
+    assert shown["replay"] == "pytest test_planted.py::test_resume_bug --reshard-seed=0"
     if shown["png_skipped"]:
         assert shown["plots"] == []
     else:

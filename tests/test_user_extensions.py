@@ -125,5 +125,5 @@ def test_a_registered_workload_brings_its_phases_roles_and_preloads(tmp_path):
 def test_an_unknown_workload_lists_the_registered_ones():
     from pytest_reshard import workloads
 
-    with pytest.raises(FileNotFoundError, match="registered workload.*dflash, lm"):
+    with pytest.raises(FileNotFoundError, match=r"neither a registered workload \(.*dflash.*lm.*\) nor"):
         workloads.resolve("no-such-workload")

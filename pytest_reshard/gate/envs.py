@@ -50,7 +50,7 @@ class EnvError(RuntimeError):
 
 def source_tree() -> Path | None:
     """The source checkout this pytest-reshard runs from, or None for an installed copy."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() and (root / "fixtures").is_dir() else None
 
 
