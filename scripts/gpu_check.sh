@@ -10,4 +10,17 @@ python3 -m venv .venv-gpu
 # No CPU constraints here: take the torch this machine provides (a CUDA build).
 .venv-gpu/bin/pip install -q -e '.[test,gpu]'
 .venv-gpu/bin/python -c "import torch; assert torch.cuda.is_available(), 'torch has no CUDA here'; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count())"
-timeout 900 .venv-gpu/bin/pytest tests/test_gpu.py -v -rs --reshard-backend=nccl -p no:cacheprovider
+# --reshard-backend=nccl where CUDA is missing is a usage error, not a skip; and a GPU test that
+# skips here (too few devices, a missing driver piece) fails this check: a GPU job that lost its
+# GPU must not go green.
+out=$(mktemp)
+status=0
+timeout 900 .venv-gpu/bin/pytest tests/test_gpu.py -v -rs --reshard-backend=nccl -p no:cacheprovider \
+  --junitxml="$out" || status=$?
+skipped=$(.venv-gpu/bin/python -c "import sys, xml.etree.ElementTree as ET; r = ET.parse(sys.argv[1]).getroot(); print(sum(int(s.get('skipped', 0)) for s in ([r] if r.tag == 'testsuite' else r.iter('testsuite'))))" "$out")
+rm -f "$out"
+if [ "$skipped" != 0 ]; then
+  echo "gpu_check: $skipped GPU test(s) skipped; every one must run on a GPU runner" >&2
+  exit 1
+fi
+exit "$status"
