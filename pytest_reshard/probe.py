@@ -355,7 +355,10 @@ class Run:
             self._emit("memory", peak=int(peak_bytes), budget=budget_bytes)
 
     def close(self) -> None:
-        """Record a clean exit. Call it last; ``os._exit`` after it is fine."""
+        """Record a clean exit. Call it last, after the final save, then end the script as
+        you normally would. A rank that recorded it after its last step is a clean exit whatever
+        happens next: a teardown that aborts at interpreter exit (FSDP2's "terminate called
+        without an active exception") is not a failure."""
         if self.active and self._fd >= 0:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
             self._emit("exit", code=0, peak_rss=_own_peak_rss())

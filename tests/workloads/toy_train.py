@@ -120,4 +120,3 @@ if rank == 0:
 
 run.close()
 dist.destroy_process_group()
-os._exit(0)

@@ -2,9 +2,12 @@
 
 Almost all of a rank's cold start is ``import torch`` (about 3 s on 2 cores). The server imports
 torch and the workload once, then forks one child per rank on request; the child is a fresh
-process (new session, own process group) that runs the workload's ``__main__`` with the rank's
-environment. The server is single-threaded (forking a threaded process is unsafe) and reaps its
-children itself, reporting exit codes back over its socket.
+process (new session, own process group) that runs the workload as its ``__main__`` with the
+rank's environment and then leaves the way ``python script.py`` does: through the interpreter's
+own exit (``atexit`` handlers, joining non-daemon threads, flushing files, freeing the script's
+objects while the interpreter finalizes), not ``os._exit``. The server is single-threaded
+(forking a threaded process is unsafe) and reaps its children itself, reporting exit codes back
+over its socket.
 
 Lifetime: the server dies with the process that started it (``PR_SET_PDEATHSIG``), and every
 rank dies with the server, so a killed pytest leaves nothing behind. Protocol: JSON lines over a
@@ -14,6 +17,7 @@ socketpair; requests ``{"op": "spawn", ...}`` -> ``{"pid": N}``; unsolicited ``{
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import json
 import os
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from pytest_reshard.supervisor.procfs import killpg
 
@@ -136,10 +140,18 @@ class ForkServer:
 # ---------------------------------------------------------------------------------------------
 # Server side.
 
-def _run_child(req: dict) -> int:
-    """In the forked child: become the rank and run its main; returns the exit code."""
+def _run_child(req: dict) -> NoReturn:
+    """In the forked child: become the rank, run its main, and exit as a cold interpreter would.
+
+    The script runs as this process's real ``__main__`` and stays installed (``runpy.run_path``
+    would run it in a temporary module and free its globals the moment it returns, while the
+    interpreter is live), and the child leaves by ``SystemExit`` through the interpreter's own
+    exit: ``atexit`` handlers run, non-daemon threads are joined, open files are flushed, and
+    what the script still holds is freed during finalization, exactly as after ``python
+    script.py`` under torchrun (with the default process group, which the warm-up keeps until
+    then as a cold rank does: ``warmup._keep_default_group``). Never returns."""
     import runpy
-    import traceback
+    import types
 
     os.setsid()
     log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -155,17 +167,50 @@ def _run_child(req: dict) -> int:
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            sys.modules["__main__"] = types.ModuleType("__main__")
+            # What ``python -m`` itself calls: runs the module in ``__main__``'s namespace and
+            # sets sys.argv[0] to its file.
+            runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
         else:
             sys.argv = list(argv)
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            runpy.run_path(argv[0], run_name="__main__")
-        return 0
-    except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:
-        traceback.print_exc()
-        return 1
+            _run_script(argv[0])
+    except SystemExit:
+        raise  # the interpreter reports its code (and prints a message) as for python script.py
+    except BaseException as e:
+        # As the interpreter does for an uncaught exception: print it (from the script's first
+        # frame), keep it (sys.last_*, so what its frames hold is freed at finalization, not
+        # now) and exit 1.
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
+            tb = tb.tb_next
+        e.with_traceback(tb)  # what the hook prints is the exception's own traceback
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb
+        sys.excepthook(type(e), e, tb)
+        raise SystemExit(1) from None
+    raise SystemExit(0)
+
+
+_OWN_FILES = {__file__, "<frozen runpy>", getattr(sys.modules.get("runpy"), "__file__", None)}
+
+
+def _run_script(path: str) -> None:
+    """Run the file ``path`` as this process's ``__main__``, as ``python path`` does."""
+    import builtins
+    import importlib.machinery
+    import io
+    import types
+
+    path = os.path.abspath(path)
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__cached__ = None  # type: ignore[attr-defined]
+    main.__builtins__ = builtins  # type: ignore[attr-defined]
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
 
 
 def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
@@ -182,6 +227,12 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
         sock.sendall((json.dumps({"ready": False, "error": f"preloading {list(preload)} started "
                                   f"{threads - 1} thread(s); fork is unsafe"}) + "\n").encode())
         return
+    # What the preloads left is the ranks' shared, read-only base: collect its garbage once, then
+    # freeze it, so that no rank's collector scans it again (a full collection in every rank,
+    # and the one that ends every interpreter, would otherwise walk all of torch and write to
+    # each page of it, copying the pages fork shares) and its exit costs a fraction of a cold one.
+    gc.collect()
+    gc.freeze()
     sock.sendall(b'{"ready": true}\n')
     me = os.getpid()
     buffer = b""
@@ -202,13 +253,9 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
                 if pid == 0:
                     sock.close()
                     die_with_parent(me)
-                    code = 1
-                    try:
-                        code = _run_child(req)
-                    finally:
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                        os._exit(code)
+                    # Raises SystemExit: it unwinds out of serve() and the interpreter exits
+                    # with the rank's code, finalizing as after ``python script.py``.
+                    _run_child(req)
                 children.add(pid)
                 sock.sendall((json.dumps({"pid": pid}) + "\n").encode())
         while children:
