@@ -299,6 +299,9 @@ class Watch:
         for rank, code in codes.items():
             if code is not None:
                 continue
+            events = self.tail.events(self.gen, rank)
+            if events and events[-1]["ev"] == Ev.EXIT:
+                continue  # closed: its interpreter is exiting, and the heartbeat with it
             state = procfs.state(pids.get(rank))
             if state == "T":
                 since = self.stopped_since.setdefault(rank, mono)
