@@ -289,17 +289,7 @@ class Run:
         rank's load is compared with what any rank (the lowest that recorded it) saved, so rank
         0 alone may save and record it. ``info``: anything else worth keeping (``seconds``,
         ``bytes``, ``world_size``...)."""
-        if not self.active:
-            return
-        digests = dict(state_digest or {})
-        for name, obj in (state or {}).items():  # a module or optimizer: its state, not its repr
-            if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
-                obj = obj.state_dict()
-            digests[str(name)] = digest(obj)
-        names = [per_rank] if isinstance(per_rank, str) else list(per_rank)
-        if names:
-            info["per_rank"] = sorted({str(n) for n in names})
-        self._emit("ckpt_save", step=int(step), digest=digests, **info)
+        self._checkpoint(Ev.CKPT_SAVE, step, state_digest, per_rank, state, info)
 
     def checkpoint_loaded(self, step: int, state_digest: Mapping[str, str] | None = None, *,
                           per_rank: Sequence[str] | str = (), state: Mapping[str, Any] | None = None,
@@ -323,6 +313,12 @@ class Run:
         no save of this step was recorded. ``digest_at="restore"``: the workload vouches that the
         digest was taken at the restore itself (the framework adapters do), so an RNG that
         differs at an epoch's start is a fail, not an unknown."""
+        self._checkpoint(Ev.CKPT_LOAD, step, state_digest, per_rank, state, info)
+
+    def _checkpoint(self, ev: str, step: int, state_digest: Mapping[str, str] | None,
+                    per_rank: Sequence[str] | str, state: Mapping[str, Any] | None,
+                    info: dict[str, Any]) -> None:
+        """A save's or load's event: the digests given, and those of ``state`` taken now."""
         if not self.active:
             return
         digests = dict(state_digest or {})
@@ -333,7 +329,7 @@ class Run:
         names = [per_rank] if isinstance(per_rank, str) else list(per_rank)
         if names:
             info["per_rank"] = sorted({str(n) for n in names})
-        self._emit("ckpt_load", step=int(step), digest=digests, **info)
+        self._emit(ev, step=int(step), digest=digests, **info)
 
     def request_reshard(self, to_world_size: int, *, reason: str, grace_s: float = 30.0) -> None:
         """Ask the harness to restart at ``to_world_size`` once this generation exits: a drain
