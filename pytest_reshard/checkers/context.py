@@ -61,11 +61,16 @@ class CheckContext:
         if self.reference_runs is None:
             raise LookupError("this check context has no clean reference runs (it was built "
                               "without reference_runs=); run the scenario through a Session")
-        key = ("reference", tuple(roles))  # asked once per topology, by every checker together
+        # asked once per topology, by every checker together
+        return self._once(("reference", tuple(roles)), lambda: self.reference_runs(list(roles)))
+
+    def _once(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``'s value, computed once per context; an exception is kept and raised
+        again, so a clean run that cannot start is not started twice."""
         if key not in self._cache:
             try:
-                self._cache[key] = self.reference_runs(list(roles))
-            except Exception as e:  # a clean run that cannot start is not started twice
+                self._cache[key] = compute()
+            except Exception as e:  # noqa: BLE001 - raised again below, every time
                 self._cache[key] = e
         got = self._cache[key]
         if isinstance(got, Exception):
@@ -94,15 +99,7 @@ class CheckContext:
         topology). Asks for that one run only: a checker that judges each generation against
         the clean run at its own topology pays for the topologies the run used, no more. A run
         in which no rank began a step starts none (there is nothing to compare)."""
-        key = ("clean_at", tuple(roles))
-        if key not in self._cache:
-            try:
-                self._cache[key] = self._clean_reference(list(roles))
-            except Exception as e:  # a clean run that cannot start is not started twice
-                self._cache[key] = e
-        clean = self._cache[key]
-        if isinstance(clean, Exception):
-            raise clean
+        clean = self._once(("clean_at", tuple(roles)), lambda: self._clean_reference(list(roles)))
         assert isinstance(clean, CleanReference)
         return clean
 
@@ -132,14 +129,7 @@ class CheckContext:
         A run in which no rank began a step shows the workload cannot start: no clean run is
         started (it would only wait out the same timeout twice more), and ``broken`` says
         "the run never started" for the checkers that compare with one."""
-        if "clean" not in self._cache:
-            try:
-                self._cache["clean"] = self._clean_runs()
-            except Exception as e:  # a clean run that cannot start is not started twice
-                self._cache["clean"] = e
-        clean = self._cache["clean"]
-        if isinstance(clean, Exception):
-            raise clean
+        clean = self._once("clean", self._clean_runs)
         assert isinstance(clean, CleanRuns)
         return clean
 
