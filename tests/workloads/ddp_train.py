@@ -9,7 +9,6 @@ group once ``destroy_process_group`` dropped the others) are freed in a live int
 """
 import argparse
 import os
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -92,12 +91,12 @@ def main() -> None:
             break
 
     run.close()
+    if args.abort_after_close:
+        dist.barrier()  # every rank has closed: torchrun's agent may now stop the others
     dist.destroy_process_group()
     if args.abort_after_close:
-        # Stands for a teardown that aborts at interpreter exit, a moment after the last rank
-        # closed (the sleep keeps torchrun's agent from stopping a peer that had not yet).
+        # Stands for a teardown that aborts at interpreter exit, after the ranks closed.
         (workdir / f"aborted-g{run.generation}-r{rank}").touch()
-        time.sleep(0.5)
         os.abort()
 
 
