@@ -22,6 +22,7 @@ from typing import Any
 from pytest_reshard.chaos._common import target_of as _target
 from pytest_reshard.chaos.crash_silently import crash_silently
 from pytest_reshard.chaos.ecc_error import ecc_error
+from pytest_reshard.chaos.file_event import kill_at_file_event
 from pytest_reshard.chaos.hang import hang
 from pytest_reshard.chaos.kill import kill, kill_during_save
 from pytest_reshard.chaos.kill_node import kill_node
@@ -33,9 +34,9 @@ from pytest_reshard.chaos.slow_rank import slow_rank
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
-__all__ = ["crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_during_save",
-           "kill_node", "memory_pressure", "preempt", "rebalance", "shift_shards", "slow_rank",
-           "Fault"]
+__all__ = ["crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_at_file_event",
+           "kill_during_save", "kill_node", "memory_pressure", "preempt", "rebalance",
+           "shift_shards", "slow_rank", "Fault"]
 
 
 def fault(kind: str, *, at_step: int, phase: str, rank: int | None = None,

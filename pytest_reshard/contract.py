@@ -60,6 +60,7 @@ class Ev:
     MEMORY = "memory"          # the workload's device memory: peak, budget
     NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
     EXIT = "exit"              # a clean exit (run.close()): code, peak_rss
+    FILE = "file"              # a file event under the work folder: op, path, n, at_step, ... (filewatch)
 
     SCENARIO = "scenario"      # what the run was asked to do (the Scenario's fields, schedule_hash, replay)
     GEN_START = "gen_start"    # gen, world_size, roles, launcher, port
@@ -90,7 +91,7 @@ class Cause(str, enum.Enum):
 
 RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev.END, Ev.ERROR,
                          Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVE, Ev.CKPT_LOAD,
-                         Ev.MEMORY, Ev.NOTE, Ev.EXIT})
+                         Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE})
 #: Rank events whose meaning needs a step number.
 STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
                          Ev.CKPT_LOAD, Ev.RESUMED})
@@ -158,6 +159,11 @@ class RunDir:
 
     def log(self, gen: int, rank: int) -> Path:
         return self.logs / f"g{gen}-r{rank}.log"
+
+    def disk(self, gen: int) -> Path:
+        """The work folder as generation ``gen`` left it (``filewatch.snapshot``), when the
+        scenario records file events."""
+        return self.events / f"disk-g{gen}.json"
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ Why the definitions are what they are:
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -368,6 +369,21 @@ class History:
                     rank: int | None = None) -> list[Event]:
         return [e for _, e in self._ranked if (ev is None or e["ev"] == ev)
                 and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+
+    def file_events(self, *, gen: int | None = None) -> list[Event]:
+        """The ranks' file events (``filewatch``), every rank's in the order they happened."""
+        return self.rank_events(Ev.FILE, gen=gen)
+
+    def disk(self, gen: int) -> dict[str, list[Any]] | None:
+        """The work folder as generation ``gen`` left it (``{path: [size, crc]}``), when the
+        scenario recorded file events; None otherwise or for a history built in memory."""
+        if self.run_dir is None:
+            return None
+        path = RunDir(self.run_dir).disk(gen)
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
 
     def times(self, ev: str, *, gen: int | None = None, rank: int | None = None) -> list[float]:
         """When the rank events of kind ``ev`` (of ``gen``, of ``rank``) happened, in history

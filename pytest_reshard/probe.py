@@ -177,6 +177,7 @@ class Run:
         self.device_map: list[int] | None = None
         self._stop = False
         self._open: Step | None = None  # the step begin_step began
+        self._last_step: int | None = None  # the last step begun (a save after it belongs to it)
         self._sigterm_handled = False   # set once stop_requested() installed the SIGTERM flag
         self._previous_sigterm: Any = None
         self._notice: ReshardNotice | None = None
@@ -208,6 +209,8 @@ class Run:
                          daemon=True).start()
         self._emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
+        if plan.get("files"):
+            self._watch_files()
 
     # -- recording -------------------------------------------------------------------------
     def _emit(self, ev: str, **fields: Any) -> None:
@@ -245,6 +248,7 @@ class Run:
         """Begin ``step`` without a ``with`` block, for frameworks that call back at a step's
         edges (``on_step_begin``); end it with ``end_step``. Faults planned at ``begin`` fire."""
         s = self._open = Step(self, step)
+        self._last_step = step
         if self.active:
             self._emit_step("begin", step)
             if self._faults:
@@ -361,6 +365,17 @@ class Run:
             os.close(self._fd)
             self._fd = -1
             self.active = False
+
+    def _watch_files(self) -> Any:
+        """Record the file events under the work folder from now on (``filewatch``); the
+        watcher, which a fault may arm."""
+        from pytest_reshard import filewatch
+
+        return filewatch.install(self.workdir, self._emit_file, lambda: self._last_step)
+
+    def _emit_file(self, **fields: Any) -> None:
+        if self._fd >= 0:  # nothing after close(): the interpreter's exit may still write files
+            self._emit(Ev.FILE, **fields)
 
     # -- planned events --------------------------------------------------------------------
     def reshard_requested(self) -> ReshardNotice | None:

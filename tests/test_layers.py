@@ -5,11 +5,13 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
     ("pytest_reshard.contract", "pytest_reshard.verdict"),
-    ("pytest_reshard.probe", "pytest_reshard.telemetry", "pytest_reshard.schedule",
+    ("pytest_reshard.probe", "pytest_reshard.filewatch", "pytest_reshard.telemetry", "pytest_reshard.schedule",
      "pytest_reshard.chaos"),
     ("pytest_reshard.supervisor", "pytest_reshard.workloads", "pytest_reshard.fixtures",
      "pytest_reshard.adapters"),
@@ -76,10 +78,12 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not wrong, "\n".join(wrong)
 
 
-def test_the_probe_imports_only_the_standard_library_and_the_contract():
+@pytest.mark.parametrize("module", ["probe.py", "filewatch.py"])
+def test_the_probe_imports_only_the_standard_library_and_the_contract(module):
     stdlib = sys.stdlib_module_names
-    found = {target for _, target in imports(ROOT / "pytest_reshard" / "probe.py")}
+    found = {target for _, target in imports(ROOT / "pytest_reshard" / module)}
+    ours = ("pytest_reshard.contract", "pytest_reshard.filewatch")
     foreign = sorted(t for t in found
-                     if t.split(".")[0] not in stdlib and t not in ("pytest_reshard.contract",)
-                     and not t.startswith("pytest_reshard.contract."))
+                     if t.split(".")[0] not in stdlib and t not in ours
+                     and not t.startswith(tuple(o + "." for o in ours)))
     assert not foreign, f"the probe imports {foreign}; a training script must not pull them in"

@@ -29,6 +29,8 @@ The built-in checkers, in registration order (the verdict table's columns):
 - ``throughput`` (runs that record tokens): no idle rank; no rate below ``min_throughput``.
 - ``memory_headroom`` (with a memory budget): every peak clear of the budget.
 - ``allocator_fragmentation`` (nccl, or recorded allocator statistics): under 30%.
+- ``crash_consistency`` (scenarios that record file events): each resume loads the newest
+  checkpoint complete on disk, never an incomplete one.
 """
 from __future__ import annotations
 
@@ -51,12 +53,13 @@ from pytest_reshard.checkers.memory_headroom import MEMORY_MARGIN, memory_headro
 from pytest_reshard.checkers.allocator_fragmentation import (FRAGMENTATION_ALERT,
                                                              FRAGMENTATION_MIN_FREE,
                                                              allocator_fragmentation)
+from pytest_reshard.checkers.crash_consistency import crash_consistency
 
 __all__ = [
     # the checkers, as pure functions
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
     "liveness", "poisoned_commit", "sample_ledger", "has_roles", "throughput", "role_rate",
-    "role_work", "RoleRate", "memory_headroom", "allocator_fragmentation",
+    "role_work", "RoleRate", "memory_headroom", "allocator_fragmentation", "crash_consistency",
     # their constants
     "SPREAD_FACTOR", "ROUNDING_FLOOR", "PRE_UPDATE", "PIPELINE_ROLES", "MEMORY_MARGIN",
     "FRAGMENTATION_ALERT", "FRAGMENTATION_MIN_FREE",

@@ -80,6 +80,8 @@ class FaultKind:
       ``min_world_size``: drawn only at or above this size (a death needs a survivor).
     - ``requires(options) -> str | None``: the reason a scenario with these options (``launcher``,
       ``nodes``, ...) cannot run this kind, or None.
+    - ``watches_files``: the ranks' file events are recorded (``Scenario.files``): the kind
+      fires at one of them, and ``crash_consistency`` judges the files it left.
     - ``label``: how the report names it (default: ``name``).
     """
 
@@ -93,6 +95,7 @@ class FaultKind:
     draw: Callable[[Any, DrawContext], "Fault"] | None = None
     min_world_size: int = 1
     requires: Callable[[Mapping[str, Any]], str | None] | None = None
+    watches_files: bool = False
     label: str = ""
     doc: str = ""
 

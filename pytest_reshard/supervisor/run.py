@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_reshard import filewatch
 from pytest_reshard.contract import Env, Ev, RunDir
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
@@ -127,7 +128,7 @@ class Supervisor:
                            "phase": fault.phase, "params": dict(fault.params),
                            **kinds.executor_of(kinds.get(fault.kind))})
         plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
-                "device_map": self.device_map, "faults": faults}
+                "device_map": self.device_map, "faults": faults, "files": sc.files}
         self.dir.plan(gen).write_text(json.dumps(plan, indent=1))
 
     def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
@@ -181,6 +182,8 @@ class Supervisor:
                     not self._live.restarting():
                 self._live.kill()
                 self._live = None
+                if sc.files:  # what the next generation will find: every rank is gone now
+                    self.dir.disk(gen).write_text(json.dumps(filewatch.snapshot(self.dir.work)))
             del store
             self.tail.poll(gen)
             for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one

@@ -34,6 +34,7 @@ class Scenario:
     nodes: int = 1                 # elastic: torchrun agents, one per node (world_size / nodes ranks each)
     min_nodes: int = 1             # elastic: the rendezvous goes on down to this many nodes
     network: str = "auto"          # elastic: netns (a namespace and address per node), loopback, auto
+    files: bool = False            # record every file event of the ranks, and the work folder at each generation's end
 
     def initial_roles(self) -> list[str]:
         """Each rank's role in the first generation: as given, else the workload's default."""

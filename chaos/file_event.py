@@ -1,0 +1,48 @@
+"""``kill_at_file_event``: a SIGKILL at the Nth file event of a save, or in the middle of a write."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from pytest_reshard.chaos._common import target_of, then
+from pytest_reshard.schedule import Fault, ScheduleError
+from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+MODES = ("before", "torn")
+
+
+def kill_at_file_event(*, at_step: int, event: int, mode: str = "before", rank: int | None = 0,
+                       target: str | None = None, tear_bytes: int | None = None,
+                       then_world_size: int | None = None) -> Fault:
+    """SIGKILL the rank at the ``event``-th file event it makes under the work folder from the
+    start of step ``at_step`` on (a save's mkdir, open, write, fsync, close, rename, symlink,
+    unlink, rmtree..., from any thread: an async save's too): before the event happens
+    (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are written
+    (``mode="torn"``; default half of what the write would write), the rest never written.
+
+    The workload marks nothing: the probe sees its file system calls (``pytest_reshard.filewatch``
+    says how, and which calls it cannot see). ``pytest_reshard.sweep`` enumerates every event of
+    one save from a clean run and builds one fault per event and mode.
+
+    Layer: a real SIGKILL between two system calls of the save, or after half of a file's bytes;
+    proves the resume takes the newest checkpoint that was complete at the crash and that no
+    incomplete one is ever loaded. Does not model a power loss (the kernel keeps every byte
+    written, fsynced or not) or a crash of the storage server.
+    """
+    if mode not in MODES:
+        raise ScheduleError(f"kill_at_file_event mode must be one of {MODES}, got {mode!r}")
+    if int(event) < 1:
+        raise ScheduleError(f"kill_at_file_event event counts from 1, got {event!r}")
+    params: dict[str, Any] = {"event": int(event), "mode": mode, **then(then_world_size)}
+    if tear_bytes is not None:
+        params["tear_bytes"] = int(tear_bytes)
+    return Fault("kill_at_file_event", target_of(rank, None, target, "one"), at_step, "begin",
+                 params)
+
+
+def execute(run: Any, fault: Mapping[str, Any]) -> None:
+    p = fault["params"]
+    run._watch_files().arm(p["event"], p["mode"], p.get("tear_bytes", 0))
+
+
+register(FaultKind("kill_at_file_event", execute=execute, ending=Ending.DEATH, watches_files=True,
+                   label="file-event kill", doc=kill_at_file_event.__doc__ or ""))
