@@ -23,7 +23,7 @@ from pytest_reshard.supervisor.watch import Status
 from pytest_reshard.refcache import ReferenceCache, workload_files
 from pytest_reshard.result import Result
 from pytest_reshard.verdict import Verdict
-from pytest_reshard.schedule import Fault, Schedule, validate
+from pytest_reshard.schedule import Fault, Schedule, kinds, validate
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
 from pytest_reshard.supervisor.run import Supervisor
@@ -271,6 +271,9 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
                 raise TypeError(f"faults must be built with pytest_reshard.chaos, got {one!r}")
             flat.append(one)
     schedule = Schedule(seed, flat)
+    # A kind that fires at a file event needs them recorded, in the clean reference run too.
+    options["files"] = bool(options.get("files")) or any(kinds.get(f.kind).watches_files
+                                                         for f in flat)
     if options.get("roles") is not None:
         options["roles"] = expand_roles(options["roles"], world_size)
     spec = workloads.get(workload)
