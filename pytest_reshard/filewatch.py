@@ -205,7 +205,8 @@ class Watcher:
                 if self._mode == "torn":
                     write()
                     size = os.path.getsize(p)
-                    os.truncate(p, min(self._tear_bytes or max(1, size // 2), size))
+                    self._tear_bytes = min(self._tear_bytes or max(1, size // 2), size)
+                    os.truncate(p, self._tear_bytes)
             finally:
                 self._local.busy = False
             self.event("write", rel, offset=0)

@@ -154,6 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "chaos: a chaos scenario (real processes, injected faults); select with -m chaos",
         "gpu(count=1): needs `count` CUDA devices; skipped with a reason otherwise",
         "nightly: a long chaos run; skipped unless --reshard-nightly",
+        "reshard_sweep(save_step=None, rank=0): which save the file_point sweep crashes, on "
+        "which rank (default: the second save, rank 0)",
     ):
         config.addinivalue_line("markers", line)
     shard = config.getoption("reshard_shard", None)
@@ -293,9 +295,7 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         if workload is None:
             raise pytest.UsageError("reshard_run needs a workload: a script path or one of "
                                     f"{', '.join(workloads.registered())}")
-        if workloads.get(workload) is None and not os.path.isabs(workload):
-            candidate = Path(request.node.path).parent / workload
-            workload = str(candidate if candidate.exists() else Path(workload).resolve())
+        workload = resolve_workload(workload, Path(request.node.path))
         s = state.settings
         seed = opts.pop("seed", None)
         scenario = scenario_from(
@@ -327,6 +327,24 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         return result
 
     return run
+
+
+def resolve_workload(workload: str, test_file: Path) -> str:
+    """A bundled workload's name as it is; a script's path relative to the test file (else to
+    the working directory), made absolute."""
+    from pytest_reshard import workloads
+
+    if workloads.get(workload) is None and not os.path.isabs(workload):
+        candidate = test_file.parent / workload
+        return str(candidate if candidate.exists() else Path(workload).resolve())
+    return workload
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "file_point" in metafunc.fixturenames:
+        from pytest_reshard.sweep import parametrize
+
+        parametrize(metafunc, metafunc.config.stash[_STATE])
 
 
 def _gate(state: "_State", name: str, result: Any) -> None:
@@ -430,6 +448,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     terminalreporter.write_line(f"reports: {write_index(state.root, rows)}")
     if state.png_skipped:
         terminalreporter.write_line(f"PNG plots skipped: {state.png_skipped}")
+    from pytest_reshard.reports.sweep import matrix_lines, write_matrix
+
+    matrix = matrix_lines(rows)
+    if matrix:
+        terminalreporter.section("reshard file-event sweep")
+        for line in matrix:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"matrix: {write_matrix(state.root, rows)}")
     changes = [(c.regressed, c.describe()) for c in state.changes] + state.remote_changes
     if changes:
         terminalreporter.section(f"reshard baseline {state.settings['reshard_compare']!r}")

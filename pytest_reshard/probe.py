@@ -369,9 +369,9 @@ class Run:
     def _watch_files(self) -> Any:
         """Record the file events under the work folder from now on (``filewatch``); the
         watcher, which a fault may arm."""
-        from pytest_reshard import filewatch
+        from pytest_reshard.filewatch import install
 
-        return filewatch.install(self.workdir, self._emit_file, lambda: self._last_step)
+        return install(self.workdir, self._emit_file, lambda: self._last_step)
 
     def _emit_file(self, **fields: Any) -> None:
         if self._fd >= 0:  # nothing after close(): the interpreter's exit may still write files

@@ -20,7 +20,7 @@ LAYERS = [
     ("pytest_reshard.result", "pytest_reshard.reports"),
     ("pytest_reshard.session", "pytest_reshard.refcache", "pytest_reshard.checkpoints",
      "pytest_reshard.gate"),
-    ("pytest_reshard.plugin", "pytest_reshard.cli", "pytest_reshard.parallel",
+    ("pytest_reshard.plugin", "pytest_reshard.cli", "pytest_reshard.parallel", "pytest_reshard.sweep",
      "pytest_reshard.chaos.suites", "pytest_reshard"),
 ]
 #: Folders installed under another name (see pyproject's package-dir).

@@ -189,6 +189,13 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
         ended = history.generations[g]
         when = f"when generation {g} ended ({ended.cause or 'unknown'}" + \
             (f": {crash})" if crash else ")")
+        last = max((e["at_step"] for e in upto if e["gen"] == g and e.get("at_step") is not None
+                    and e["op"] != "read"), default=None)
+        if ended.planned and last in state.problems:
+            problems.append(f"generation {g} ended as planned ({ended.cause}) after its save of "
+                            f"step {last}, but that checkpoint was not complete on disk: "
+                            f"{'; '.join(state.problems[last])}; a save must be finished (an "
+                            "async save awaited, its commit written) before the rank exits")
         later = [x for x in gens if x > g]
         started = next((x for x in later if history.begun(x)), None)
         if started is None:
@@ -203,7 +210,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
             problems.append(f"generation {started} resumed from step {step}, whose checkpoint "
                             f"was not complete {when}: {'; '.join(state.problems[step])}")
         elif newest is not None and (step is None or step < newest):
-            skipped = sorted({os.path.dirname(p) or p for p in wanted[newest]})
+            skipped = sorted({os.path.dirname(p) + "/" if "/" in p else p for p in wanted[newest]})
             problems.append(f"generation {started} resumed from "
                             f"{'scratch' if step is None else f'step {step}'}, a rewind beyond "
                             f"the newest complete checkpoint: step {newest} ({', '.join(skipped)}) "

@@ -43,7 +43,21 @@ def summary_row(result: Any, worker: str | None = None) -> dict[str, Any]:
             "columns": {c: _header(c) for c in result.verdicts},
             "run_dir": str(result.run_dir),
             "report": str(result.report) if getattr(result, "report", None) else None,
-            "worker": worker}
+            "worker": worker, "file_point": file_point(result)}
+
+
+def file_point(result: Any) -> dict[str, Any] | None:
+    """For a scenario that kills at a file event: which one (step, event, mode), and the file
+    operation the kill really hit (None: the count never reached it)."""
+    from pytest_reshard.schedule import kinds
+
+    for f in result.scenario.schedule.faults:
+        if kinds.get(f.kind).watches_files:
+            hit = next((e for e in result.history.file_events() if e.get("killed")), None)
+            return {"step": f.step, "event": f.params.get("event"), "mode": f.params.get("mode"),
+                    "hit": None if hit is None else
+                    f"{hit['op']} {hit['path']}" + (f" -> {hit['dst']}" if hit.get("dst") else "")}
+    return None
 
 
 def _header(check: str) -> str:

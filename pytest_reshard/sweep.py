@@ -1,0 +1,189 @@
+"""A crash at every file event of one save: record the save once, then one scenario per event.
+
+    @pytest.mark.reshard(workload="train.py", world_size=2, steps=8)
+    @pytest.mark.reshard_sweep(save_step=4, rank=0)     # default: the second save, rank 0
+    def test_save_survives_any_crash(reshard_run, file_point):
+        reshard_run(faults=[file_point.fault()]).assert_ok()
+
+At collection a clean run of the marker's scenario records every file event of its ranks
+(``pytest_reshard.filewatch``), once per session: pytest-xdist's workers share one recording
+through a lock. ``file_point`` is parametrized with one ``FilePoint`` per file event of that
+save on that rank (a SIGKILL before it) and one more per ``write`` (the file torn at half its
+bytes); each runs as its own test, so ``-n`` and ``--reshard-shard`` split the sweep, and each is
+judged by every checker (``crash_consistency`` among them). The terminal shows the matrix (event x
+mode x verdict) and the smallest failing point's replay command; ``sweep.html`` and
+``sweep.json`` in the artifacts folder keep it.
+
+The events of a save are those its rank makes from the start of the save's step to the start of
+the next step, and later ones under a folder that save created (an async save's tail).
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pytest_reshard.contract import Ev
+from pytest_reshard.filewatch import MUTATIONS
+
+__all__ = ["FilePoint", "points", "save_steps", "parametrize"]
+
+
+@dataclass(frozen=True)
+class FilePoint:
+    """One crash point: kill ``rank`` at its ``event``-th file event from the start of ``step``."""
+
+    step: int
+    event: int
+    op: str
+    path: str
+    mode: str = "before"             # "before" | "torn"
+    rank: int = 0
+    tear_bytes: int | None = None
+
+    @property
+    def id(self) -> str:
+        """A test id that is the same in every session (random parts of names masked)."""
+        name = re.sub(r"(?=[0-9]*[a-f])[0-9a-f]{8,}", "*", os.path.basename(self.path) or self.path)
+        return f"s{self.step}-e{self.event:02d}-{self.mode}-{self.op}-{name}"
+
+    def fault(self) -> Any:
+        from pytest_reshard import chaos
+
+        return chaos.kill_at_file_event(at_step=self.step, event=self.event, mode=self.mode,
+                                        rank=self.rank, tear_bytes=self.tear_bytes)
+
+    def describe(self) -> str:
+        how = f"torn at {self.tear_bytes} bytes of" if self.mode == "torn" else "before"
+        return f"rank {self.rank} killed {how} `{self.op} {self.path}` (event {self.event} of " \
+               f"step {self.step})"
+
+
+def save_steps(events: Sequence[Mapping[str, Any]], rank: int) -> list[int]:
+    """The steps in whose window ``rank`` changed files: the saves, as the files show them."""
+    return sorted({e["at_step"] for e in events if e["ev"] == Ev.FILE and e["rank"] == rank
+                   and e["op"] in MUTATIONS and e.get("at_step") is not None})
+
+
+def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
+           save_step: int | None = None) -> list[FilePoint]:
+    """Every crash point of one save, from a clean run's events in order (one generation)."""
+    saves = save_steps(events, rank)
+    if not saves:
+        raise ValueError(f"the clean run made no file event on rank {rank} under the work "
+                         "folder: does the workload write its checkpoints under run.workdir "
+                         "(the harness's work folder)?")
+    step = save_step if save_step is not None else saves[min(1, len(saves) - 1)]
+    if step not in saves:
+        raise ValueError(f"save_step={step}: rank {rank} wrote no file in step {step}; it "
+                         f"saved in steps {', '.join(map(str, saves))}")
+    mine = [e for e in events if e["rank"] == rank]
+    start = next(i for i, e in enumerate(mine) if e["ev"] == Ev.BEGIN and e["step"] == step)
+    made: list[str] = []             # folders the save created
+    out: list[FilePoint] = []
+    n = 0
+    later = [e for e in mine[start:] if e["ev"] == Ev.FILE and e["op"] in MUTATIONS]
+    for i, e in enumerate(later):
+        n += 1
+        op, path = e["op"], e["path"]
+        ours = e.get("at_step") == step or any(path == d or path.startswith(d + "/")
+                                               for d in made)
+        if not ours:
+            continue
+        if op == "mkdir" and e.get("at_step") == step:
+            made.append(path)
+        if op == "rename" and any(path == d for d in made):
+            made.append(e["dst"])
+        out.append(FilePoint(step, n, op, path, "before", rank))
+        if op == "write":
+            end = next((x.get("written") for x in later[i + 1:]
+                        if x["path"] == path and x["op"] in ("fsync", "close")), None)
+            start_at = int(e.get("offset") or 0)
+            if end is not None and end - start_at >= 2:
+                out.append(FilePoint(step, n, op, path, "torn", rank, (start_at + end) // 2))
+    return out
+
+
+# -- at collection -----------------------------------------------------------------------------
+def parametrize(metafunc: Any, state: Any) -> None:
+    """``pytest_generate_tests`` for a test that asks for ``file_point``."""
+    import pytest
+
+    from pytest_reshard.history import History
+    from pytest_reshard.refcache import workload_files
+    from pytest_reshard.session import scenario_from
+    from pytest_reshard.workloads import resolve
+
+    where = metafunc.definition.nodeid
+    marker = metafunc.definition.get_closest_marker("reshard")
+    opts = dict(marker.kwargs) if marker else {}
+    workload = opts.pop("workload", None)
+    if workload is None:
+        raise pytest.UsageError(f"{where}: file_point needs the scenario it sweeps: "
+                                "@pytest.mark.reshard(workload=..., world_size=..., steps=...)")
+    sweep_marker = metafunc.definition.get_closest_marker("reshard_sweep")
+    sweep_opts = dict(sweep_marker.kwargs) if sweep_marker else {}
+    rank, save_step = int(sweep_opts.pop("rank", 0)), sweep_opts.pop("save_step", None)
+    if sweep_opts:
+        raise pytest.UsageError(f"{where}: reshard_sweep takes save_step= and rank=, not "
+                                f"{', '.join(sweep_opts)}")
+    s = state.settings
+    from pytest_reshard.plugin import resolve_workload
+
+    workload = resolve_workload(workload, Path(metafunc.definition.path))
+    opts.pop("timeout", None)
+    scenario = scenario_from(
+        workload, world_size=int(opts.pop("world_size", 4)), steps=int(opts.pop("steps", 20)),
+        seed=int(opts.pop("seed", None) or s["reshard_seed"]), files=True,
+        timeout_s=float(s["reshard_timeout"]),
+        launcher=opts.pop("launcher", None) or s["reshard_launcher"],
+        backend=opts.pop("backend", None) or s["reshard_backend"],
+        args=[str(a) for a in opts.pop("args", ())], **opts)
+    if not 0 <= rank < scenario.world_size:
+        raise pytest.UsageError(f"{where}: reshard_sweep rank={rank} is not a rank of world "
+                                f"size {scenario.world_size}")
+    run = getattr(metafunc.config, "workerinput", {}).get("testrunuid") or _SESSION
+    key = hashlib.sha256(json.dumps([scenario.to_dict(), run], sort_keys=True,
+                                    default=str).encode())
+    for path in workload_files(resolve(scenario.workload).argv(scenario.steps, scenario.args)):
+        key.update(path.read_bytes())
+    folder = state.root / "_sweeps" / key.hexdigest()[:16]
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)   # one recording per session, xdist workers wait
+        recorded = folder / "points.json"
+        if not recorded.exists():
+            history = _record(scenario, folder / "run")
+            try:
+                found = points(history.rank_events(gen=0), rank=rank, save_step=save_step)
+            except ValueError as e:
+                raise pytest.UsageError(f"{where}: {e} (the clean run: {folder / 'run'})") from None
+            recorded.write_text(json.dumps([asdict(p) for p in found]))
+    found = [FilePoint(**p) for p in json.loads(recorded.read_text())]
+    metafunc.parametrize("file_point", found, ids=[p.id for p in found])
+
+
+_SESSION = uuid.uuid4().hex   # this process's session, when not under xdist
+
+
+def _record(scenario: Any, run_dir: Path) -> Any:
+    """A clean run recording every file event; an error naming its logs if it did not finish."""
+    import pytest
+
+    from pytest_reshard.history import History
+    from pytest_reshard.supervisor.run import Supervisor
+
+    Supervisor(scenario, run_dir).run()
+    history = History.load(run_dir)
+    final = history.final_generation
+    if final is None or final.cause != "complete":
+        raise pytest.UsageError(f"the clean run that records the save's file events did not "
+                                f"finish ({final.cause if final else 'no generation'}; "
+                                f"{final.detail if final else ''}): see {run_dir / 'logs'}")
+    return history

@@ -1,0 +1,222 @@
+"""crash_consistency and the sweep's crash points, on hand-written run folders (no processes).
+
+A run folder here holds what a real one does: the ranks' events (file events included) and the
+work folder as each generation left it (``disk-g*.json``)."""
+import json
+
+import pytest
+
+from pytest_reshard.checkers.crash_consistency import crash_consistency, manifests, written
+from pytest_reshard.history import History
+from pytest_reshard.sweep import FilePoint, points
+
+
+def save(step, folder, crc, *, pointer=True, commit=True):
+    """The file events of an atomic save: a temporary folder renamed into place, then `latest`."""
+    tmp = f".tmp-{folder}"
+    out = [("mkdir", tmp, {}), ("open", f"{tmp}/a", {}), ("write", f"{tmp}/a", {"offset": 0}),
+           ("close", f"{tmp}/a", {"size": 10, "crc": crc, "written": 10})]
+    if commit:
+        out.append(("rename", tmp, {"dst": folder}))
+    if pointer:
+        out += [("open", "latest.tmp", {}), ("write", "latest.tmp", {"offset": 0}),
+                ("close", "latest.tmp", {"size": 2, "crc": 100 + step, "written": 2}),
+                ("rename", "latest.tmp", {"dst": "latest"})]
+    return [(step, op, path, extra) for op, path, extra in out]
+
+
+class Run:
+    """Events of one rank, generation by generation; ``write(tmp_path)`` makes the folder."""
+
+    def __init__(self):
+        self.events, self.t, self.gen, self.disks = [], 1000.0, -1, {}
+
+    def _add(self, ev, **fields):
+        self.t += 0.01
+        self.events.append({"ev": ev, "t": self.t, **fields})
+
+    def generation(self, *, steps, files=(), load=None, resume=None, cause="complete",
+                   disk=None, started=True):
+        self.gen += 1
+        g = self.gen
+        self._add("gen_start", gen=g, world_size=1, roles=["trainer"], launcher="local")
+        if started:
+            self._add("start", gen=g, rank=0, world_size=1, role="trainer", pid=1)
+        if load is not None:
+            self._add("ckpt_load", gen=g, rank=0, step=load, digest={})
+        if resume is not None:
+            self._add("resumed", gen=g, rank=0, step=resume, source="checkpoint")
+        by_step = {}
+        for step, op, path, extra in files:
+            by_step.setdefault(step, []).append((op, path, extra))
+        n = 0
+        for s in steps:
+            self._add("begin", gen=g, rank=0, step=s)
+            for op, path, extra in by_step.pop(s, ()):
+                if op == "read":
+                    self._add("file", gen=g, rank=0, op=op, path=path, at_step=s)
+                    continue
+                n += 1
+                self._add("file", gen=g, rank=0, op=op, path=path, n=n, at_step=s, **extra)
+                if extra.get("killed"):
+                    break
+            else:
+                self._add("end", gen=g, rank=0, step=s)
+                continue
+            break
+        for op, path, extra in by_step.pop(None, ()):   # before any step (a resume's reads)
+            self._add("file", gen=g, rank=0, op=op, path=path, at_step=None, **extra)
+        self._add("gen_end", gen=g, cause=cause, planned=cause != "failure", fault_id=None,
+                  detail="")
+        if disk is not None:
+            self.disks[g] = disk
+
+    def history(self, tmp_path):
+        events = tmp_path / "events"
+        events.mkdir(parents=True, exist_ok=True)
+        sup = [e for e in self.events if "rank" not in e]
+        (events / "supervisor.jsonl").write_text("".join(json.dumps(e) + "\n" for e in sup))
+        for g in range(self.gen + 1):
+            mine = [e for e in self.events if e.get("gen") == g and "rank" in e]
+            (events / f"g{g}-r0.jsonl").write_text("".join(json.dumps(e) + "\n" for e in mine))
+        for g, disk in self.disks.items():
+            (events / f"disk-g{g}.json").write_text(json.dumps(disk))
+        return History.load(tmp_path)
+
+
+def reference(tmp_path):
+    run = Run()
+    run.generation(steps=range(6), files=save(1, "step1", 1) + save(3, "step3", 3))
+    return manifests(run.history(tmp_path / "ref").file_events())
+
+
+def test_manifests_keep_final_names_and_drop_temporaries(tmp_path):
+    wanted = reference(tmp_path)
+    assert wanted == {1: {"step1/a": 10, "latest": 2}, 3: {"step3/a": 10, "latest": 2}}
+
+
+def test_an_async_saves_late_marker_belongs_to_the_save_that_made_its_folder():
+    events = [{"ev": "file", "op": op, "path": p, "at_step": s, **x} for s, op, p, x in [
+        (4, "mkdir", "step4", {}), (4, "close", "step4/data", {"size": 5, "crc": 1}),
+        (8, "close", "step4/.done", {"size": 0, "crc": 0}),
+        (8, "mkdir", "step8", {}), (8, "close", "step8/data", {"size": 5, "crc": 2})]]
+    assert manifests(events) == {4: {"step4/data": 5, "step4/.done": 0}, 8: {"step8/data": 5}}
+
+
+def test_written_forgets_a_file_whose_write_was_torn():
+    events = [{"op": "open", "path": "m.pt"}, {"op": "close", "path": "m.pt", "size": 4, "crc": 9},
+              {"op": "open", "path": "m.pt"}, {"op": "write", "path": "m.pt", "killed": "torn"}]
+    assert written(events) == {"m.pt": None}
+    assert written(events[:2]) == {"m.pt": (4, 9)}
+
+
+def crashed_in_second_save(run, **kill):
+    """Generation 0 completes save 1, then dies inside save 3 before it is committed."""
+    files = save(1, "step1", 1) + save(3, "step3", 3, commit=False, pointer=False)
+    files[-1] = (*files[-1][:3], {**files[-1][3], **kill}) if kill else files[-1]
+    run.generation(steps=range(4), files=files, cause="failure",
+                   disk={"step1/a": [10, 1], "latest": [2, 101], ".tmp-step3/a": [10, 3]})
+
+
+def test_a_resume_from_the_newest_complete_checkpoint_passes(tmp_path):
+    wanted = reference(tmp_path)
+    run = Run()
+    crashed_in_second_save(run)
+    run.generation(steps=range(2, 6), load=1, resume=2, disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "pass", v.message
+    assert "resumed from step 1" in v.message
+
+
+def test_a_resume_from_an_incomplete_checkpoint_fails_naming_what_was_missing(tmp_path):
+    wanted = reference(tmp_path)
+    run = Run()
+    crashed_in_second_save(run)
+    run.generation(steps=range(4, 6), load=3, resume=4, disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "fail"
+    assert "resumed from step 3" in v.message and "`step3/a` missing" in v.message
+
+
+def test_a_resume_older_than_the_newest_complete_checkpoint_is_a_rewind_naming_it(tmp_path):
+    wanted = reference(tmp_path)
+    run = Run()
+    crashed_in_second_save(run)
+    run.generation(steps=range(6), disk={})     # from scratch, step 1's checkpoint ignored
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "fail"
+    assert "resumed from scratch, a rewind beyond the newest complete checkpoint: step 1 " \
+           "(latest, step1/)" in v.message
+
+
+def test_a_job_that_cannot_start_names_the_torn_file_it_read(tmp_path):
+    # an in-place save: model.pt overwritten, torn half-way; the next generation dies reading it
+    wanted = {1: {"model.pt": 10}, 3: {"model.pt": 10}}
+    run = Run()
+    run.generation(steps=range(4), cause="failure", files=[
+        (1, "open", "model.pt", {}), (1, "write", "model.pt", {"offset": 0}),
+        (1, "close", "model.pt", {"size": 10, "crc": 1, "written": 10}),
+        (3, "open", "model.pt", {}),
+        (3, "write", "model.pt", {"offset": 0, "killed": "torn", "tear_bytes": 5})],
+        disk={"model.pt": [5, 77]})
+    run.generation(steps=(), cause="failure", files=[(None, "read", "model.pt", {})], disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "fail"
+    assert "could not start again: generation 1 read `model.pt`, torn" in v.message
+    assert "killed after 5 bytes of `write model.pt`" in v.message
+
+
+def test_a_planned_exit_must_leave_its_last_save_complete(tmp_path):
+    wanted = {2: {"step2/data": 5, "step2/.done": 0}, 4: {"step4/data": 5, "step4/.done": 0}}
+    run = Run()
+    run.generation(steps=range(5), cause="reshard", files=[
+        (2, "mkdir", "step2", {}), (2, "close", "step2/data", {"size": 5, "crc": 1}),
+        (4, "close", "step2/.done", {"size": 0, "crc": 0}),
+        (4, "mkdir", "step4", {}), (4, "close", "step4/data", {"size": 5, "crc": 2})],
+        disk={"step2/data": [5, 1], "step2/.done": [0, 0], "step4/data": [5, 2]})
+    run.generation(steps=range(3, 6), load=2, resume=3, disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "fail"
+    assert "ended as planned (reshard) after its save of step 4" in v.message
+    assert "`step4/.done` missing" in v.message
+
+
+def test_without_a_reference_it_says_unknown(tmp_path):
+    run = Run()
+    crashed_in_second_save(run)
+    run.generation(steps=range(2, 6), load=1, resume=2, disk={})
+
+    def none(roles):
+        raise LookupError("the clean reference run did not finish")
+
+    v = crash_consistency(run.history(tmp_path / "run"), none)
+    assert v.status == "unknown" and "did not finish" in v.message
+
+
+def sweep_events():
+    run = Run()
+    run.generation(steps=range(6), files=save(1, "step1", 1) + save(3, "step3", 3))
+    return run.events
+
+
+def test_points_number_every_event_of_the_second_save_and_tear_its_writes():
+    found = points([e for e in sweep_events() if "rank" in e])
+    assert [(p.event, p.op, p.mode) for p in found] == [
+        (1, "mkdir", "before"), (2, "open", "before"), (3, "write", "before"),
+        (3, "write", "torn"), (4, "close", "before"), (5, "rename", "before"),
+        (6, "open", "before"), (7, "write", "before"), (7, "write", "torn"),
+        (8, "close", "before"), (9, "rename", "before")]
+    torn = found[3]
+    assert torn.tear_bytes == 5 and torn.step == 3
+    assert torn.fault().params == {"event": 3, "mode": "torn", "tear_bytes": 5}
+    assert torn.id == "s3-e03-torn-write-a"
+
+
+def test_points_name_the_saves_there_are_when_the_step_saved_nothing():
+    with pytest.raises(ValueError, match="saved in steps 1, 3"):
+        points([e for e in sweep_events() if "rank" in e], save_step=2)
+
+
+def test_a_file_point_id_masks_random_names_but_not_step_numbers():
+    assert FilePoint(9, 1, "mkdir", "ckpt/.tmp-step-00000009-02d6e1d142e2").id == \
+        "s9-e01-before-mkdir-.tmp-step-00000009-*"
