@@ -18,6 +18,21 @@ import torch.distributed  # noqa: E402
 import torch.distributed.checkpoint  # noqa: E402,F401
 import torch.distributed.checkpoint.state_dict  # noqa: E402,F401
 import torch.distributed.fsdp  # noqa: E402,F401
+# What the first dcp.save or dcp.load imports in every rank (about 0.1 s on 2 cores): the storage
+# reader/writer probe imports fsspec's filesystem when fsspec is installed, and the storage
+# layer torch.utils.serialization's config.
+import torch.utils.serialization.config  # noqa: E402,F401
+
+try:
+    import torch.distributed.checkpoint._fsspec_filesystem  # noqa: E402,F401
+except ImportError:  # fsspec is optional to torch
+    pass
+# The fault kinds: a rank's probe imports the executors of its plan's faults at attach. A kind
+# that fails to import fails in the rank that needs it, with its own traceback, as it would cold.
+try:
+    import pytest_reshard.chaos  # noqa: E402,F401
+except Exception:
+    pass
 
 _model = torch.nn.Linear(2, 1)
 _opt = torch.optim.AdamW(_model.parameters())
