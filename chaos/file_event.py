@@ -7,7 +7,7 @@ from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
-MODES = ("before", "torn")
+MODES = ("before", "torn", "flip")
 
 
 def kill_at_file_event(*, at_step: int, event: int, mode: str = "before", rank: int | None = 0,
@@ -17,7 +17,10 @@ def kill_at_file_event(*, at_step: int, event: int, mode: str = "before", rank: 
     start of step ``at_step`` on (a save's mkdir, open, write, fsync, close, rename, symlink,
     unlink, rmtree..., from any thread: an async save's too): before the event happens
     (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are written
-    (``mode="torn"``; default half of what the write would write), the rest never written.
+    (``mode="torn"``; default half of its first ``write()``), the rest never written. Or, for a
+    ``close`` (``mode="flip"``): the save completes, one byte in the middle of that file is
+    inverted (what a bad disk or a bad copy does), and the rank dies at its next save, so the
+    next generation resumes from the corrupted checkpoint: a run that does not notice fails.
 
     The workload marks nothing: the probe sees its file system calls (``pytest_reshard.filewatch``
     says how, and which calls it cannot see). ``pytest_reshard.sweep`` enumerates every event of

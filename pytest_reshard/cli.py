@@ -4,12 +4,14 @@
     pytest-reshard dflash                # the target + drafter pipeline under role-aware chaos
     pytest-reshard smoke -- -k preempt   # extra pytest arguments after --
     pytest-reshard replay reshard-artifacts/<test>/scenario.json
+    pytest-reshard sweep train.py --world-size 2 --steps 8   # a crash at every file event of a save
     pytest-reshard gate --old venv:torch==2.13.0 --new venv:torch==2.14.1   # upgrade gate
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -62,13 +64,52 @@ def replay(scenario_path: str, artifacts: str) -> int:
     return 0 if result.verdict.status == "pass" else 1
 
 
+SWEEP_TEST = '''"""A crash at every file event of one save of {name} (written by pytest-reshard sweep)."""
+import pytest
+
+
+@pytest.mark.reshard(workload={workload!r}, world_size={world_size}, steps={steps}, args={args!r})
+@pytest.mark.reshard_sweep(save_step={save_step!r}, rank={rank}, flip={flip})
+def test_crash_at_file_event(reshard_run, file_point):
+    file_point.judge(reshard_run(faults=[file_point.fault()]))
+'''
+
+
+def sweep(args: argparse.Namespace, extra: list[str]) -> int:
+    """Write the sweep of ``args.target`` as a test module in the artifacts folder, and run it."""
+    script = Path(args.target or "")
+    if not script.is_file():
+        print(f"pytest-reshard sweep: {args.target!r} is not a file; pass the training script "
+              "to sweep (pytest-reshard sweep train.py --world-size 2 --steps 8)", file=sys.stderr)
+        return 2
+    folder = Path(args.artifacts).resolve() / "_sweep"
+    folder.mkdir(parents=True, exist_ok=True)
+    test = folder / f"test_sweep_{script.stem}.py"
+    test.write_text(SWEEP_TEST.format(
+        name=script.name, workload=str(script.resolve()), world_size=args.world_size,
+        steps=args.steps, args=shlex.split(args.args), save_step=args.save_step, rank=args.rank,
+        flip=args.flip))
+    print(f"the sweep as a test (copy it into your suite): {test}", flush=True)
+    return run_suite(str(test), args.artifacts, extra)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pytest-reshard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", help=f"a suite ({', '.join(suites())}), 'replay', or "
-                        "'gate' (see pytest-reshard gate --help)")
-    parser.add_argument("target", nargs="?", help="for replay: a scenario.json or its folder")
+    parser.add_argument("command", help=f"a suite ({', '.join(suites())}), 'replay', 'sweep', "
+                        "or 'gate' (see pytest-reshard gate --help)")
+    parser.add_argument("target", nargs="?", help="for replay: a scenario.json or its folder; "
+                        "for sweep: the training script")
     parser.add_argument("--artifacts", default="reshard-artifacts", help="artifacts folder")
+    sweep_opts = parser.add_argument_group("sweep SCRIPT: a crash at every file event of a save")
+    sweep_opts.add_argument("--world-size", type=int, default=2, help="ranks (default 2)")
+    sweep_opts.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
+    sweep_opts.add_argument("--save-step", type=int, default=None,
+                            help="the step whose save is swept (default: the second save)")
+    sweep_opts.add_argument("--rank", type=int, default=0, help="the rank killed (default 0)")
+    sweep_opts.add_argument("--flip", action="store_true",
+                            help="also flip a byte of each data file after it is written")
+    sweep_opts.add_argument("--args", default="", help="the script's own arguments, one string")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gate"]:  # its own options: pytest-reshard gate --help
         from pytest_reshard.gate.stacks import main as gate_main
@@ -79,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
+    if args.command == "sweep":
+        return sweep(args, extra)
     if args.command == "replay":
         if not args.target:
             parser.error("replay needs the path of a scenario.json")

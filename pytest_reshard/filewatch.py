@@ -83,13 +83,18 @@ class Watcher:
         self.count = 0                      # mutations since the last arm()
         self._kill_at: int | None = None
         self._mode = "before"
+        self._flip_then_kill: int | None = None   # flipped a byte after this step's save
+        self._flipped = False
+        self._flip_path: str | None = None
         self._tear_bytes = 0
         self._fds: dict[int, _WatchedFile] = {}  # descriptor -> its file, for fsync
 
     # -- arming -----------------------------------------------------------------------------
     def arm(self, event: int, mode: str, tear_bytes: int = 0) -> None:
         """Kill this process at the ``event``-th file mutation from now: before it happens
-        (``mode="before"``) or, for a ``write``, once ``tear_bytes`` of the file are written."""
+        (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are written
+        (``"torn"``); or, for a ``close``, flip a byte of that file once it is closed and kill at
+        the first file event of a later step (``"flip"``)."""
         with self._lock:
             self.count = 0
             self._kill_at, self._mode, self._tear_bytes = int(event), mode, int(tear_bytes)
@@ -109,22 +114,52 @@ class Watcher:
 
     def event(self, op: str, path: str, **fields: Any) -> int:
         """Record one mutation; kill here if it is the armed one. Returns the bytes after which
-        a torn write must kill (0: no tear)."""
+        a torn write must kill (-1: half of its first write; 0: no tear)."""
         with self._lock:
             self.count += 1
-            n = self.count
+            n, step = self.count, self._step()
             armed = self._kill_at == n
-            tear = armed and self._mode == "torn" and op == "write"
-            if armed:
-                fields["killed"] = "torn" if tear else "before"
-                if tear:
-                    fields["tear_bytes"] = self._tear_bytes
-                elif self._mode == "torn":
-                    fields["note"] = f"a torn write was asked for, but event {n} is a {op}"
-            self._emit(op=op, path=path, n=n, at_step=self._step(), **fields)
-            if armed and not tear:
+            action = self._mode if armed and (self._mode, op) in (("torn", "write"),
+                                                                  ("flip", "close")) else None
+            if armed and action is None:
+                if self._mode != "before":
+                    fields["note"] = f"{self._mode} was asked for, but event {n} is a {op}"
+                fields["killed"] = "before"
+            elif action == "torn":
+                fields.update(killed="torn", tear_bytes=self._tear_bytes)
+            elif action == "flip":
+                fields["flip"] = True
+                self._flip_then_kill = step if step is not None else -1
+                self._flip_path = path
+            elif self._flip_then_kill is not None and (step or 0) > self._flip_then_kill:
+                fields.update(killed="before", note="the first file event after the save that "
+                              "was corrupted")
+                armed = True
+            self._emit(op=op, path=path, n=n, at_step=step, **fields)
+            if armed and action is None:
                 kill_self()
-            return (self._tear_bytes or -1) if tear else 0
+            return (self._tear_bytes or -1) if action == "torn" else 0
+
+    def flip_if_armed(self, path: str) -> None:
+        """After the close the flip was armed at: invert one byte in the middle of the file, as
+        a disk or a copy would; the rank goes on and dies at its next save (``event``)."""
+        with self._lock:
+            if self._flip_path != path or self._flipped:
+                return
+            self._flipped = True
+        full = os.path.join(self.root, path)
+        self._local.busy = True
+        try:
+            fd = os.open(full, os.O_RDWR)
+            try:
+                at = os.fstat(fd).st_size // 2
+                byte = os.pread(fd, 1, at)
+                os.pwrite(fd, bytes([byte[0] ^ 0xFF]) if byte else b"\xff", at)
+            finally:
+                os.close(fd)
+        finally:
+            self._local.busy = False
+        self._emit(op="flip", path=path, offset=at, at_step=self._step())
 
     def read(self, path: str) -> None:
         self._emit(op="read", path=path, at_step=self._step())
@@ -219,6 +254,7 @@ class Watcher:
         finally:
             self._local.busy = False
         self.event("close", rel, size=size, crc=crc, written=size)
+        self.flip_if_armed(rel)
         return out
 
 
@@ -279,6 +315,7 @@ class _WatchedFile:
         self._w.event("close", self.rel, written=self._written, **self._summary())
         self._w._fds.pop(self._fd, None)
         self._real.close()
+        self._w.flip_if_armed(self.rel)
 
     def _summary(self) -> dict[str, int]:
         try:

@@ -3,13 +3,14 @@
     @pytest.mark.reshard(workload="train.py", world_size=2, steps=8)
     @pytest.mark.reshard_sweep(save_step=4, rank=0)     # default: the second save, rank 0
     def test_save_survives_any_crash(reshard_run, file_point):
-        reshard_run(faults=[file_point.fault()]).assert_ok()
+        file_point.judge(reshard_run(faults=[file_point.fault()]))
 
 At collection a clean run of the marker's scenario records every file event of its ranks
 (``pytest_reshard.filewatch``), once per session: pytest-xdist's workers share one recording
 through a lock. ``file_point`` is parametrized with one ``FilePoint`` per file event of that
 save on that rank (a SIGKILL before it) and one more per ``write`` (the file torn at half its
-bytes); each runs as its own test, so ``-n`` and ``--reshard-shard`` split the sweep, and each is
+bytes), and with ``flip=True`` one per data file with a byte flipped after it was written
+(which some checker must catch: ``FilePoint.judge``); each runs as its own test, so ``-n`` and ``--reshard-shard`` split the sweep, and each is
 judged by every checker (``crash_consistency`` among them). The terminal shows the matrix (event x
 mode x verdict) and the smallest failing point's replay command; ``sweep.html`` and
 ``sweep.json`` in the artifacts folder keep it.
@@ -23,7 +24,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_reshard.contract import Ev
 from pytest_reshard.filewatch import MUTATIONS
+from pytest_reshard.reports.sweep import masked
 
 __all__ = ["FilePoint", "points", "save_steps", "parametrize"]
 
@@ -50,8 +51,8 @@ class FilePoint:
     @property
     def id(self) -> str:
         """A test id that is the same in every session (random parts of names masked)."""
-        name = re.sub(r"(?=[0-9]*[a-f])[0-9a-f]{8,}", "*", os.path.basename(self.path) or self.path)
-        return f"s{self.step}-e{self.event:02d}-{self.mode}-{self.op}-{name}"
+        return f"s{self.step}-e{self.event:02d}-{self.mode}-{self.op}-" \
+               f"{masked(os.path.basename(self.path) or self.path)}"
 
     def fault(self) -> Any:
         from pytest_reshard import chaos
@@ -60,9 +61,19 @@ class FilePoint:
                                         rank=self.rank, tear_bytes=self.tear_bytes)
 
     def describe(self) -> str:
-        how = f"torn at {self.tear_bytes} bytes of" if self.mode == "torn" else "before"
-        return f"rank {self.rank} killed {how} `{self.op} {self.path}` (event {self.event} of " \
+        how = {"torn": f"killed torn at {self.tear_bytes} bytes of",
+               "flip": "had a byte flipped after"}.get(self.mode, "killed before")
+        return f"rank {self.rank} {how} `{self.op} {self.path}` (event {self.event} of " \
                f"step {self.step})"
+
+    def judge(self, result: Any) -> None:
+        """Assert what this point must show: a crash (before, torn) passes every checker; a
+        flipped byte must be caught by some checker (the resume read corrupted state)."""
+        if self.mode != "flip":
+            result.assert_ok()
+        elif result.ok:
+            raise AssertionError(f"{self.describe()}: the next generation resumed from the "
+                                 "corrupted checkpoint and no checker noticed")
 
 
 def save_steps(events: Sequence[Mapping[str, Any]], rank: int) -> list[int]:
@@ -71,9 +82,14 @@ def save_steps(events: Sequence[Mapping[str, Any]], rank: int) -> list[int]:
                    and e["op"] in MUTATIONS and e.get("at_step") is not None})
 
 
+#: A flip point is made for each file of the save at least this big (its data, not a pointer).
+FLIP_MIN_BYTES = 64
+
+
 def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
-           save_step: int | None = None) -> list[FilePoint]:
-    """Every crash point of one save, from a clean run's events in order (one generation)."""
+           save_step: int | None = None, flip: bool = False) -> list[FilePoint]:
+    """Every crash point of one save, from a clean run's events in order (one generation);
+    with ``flip``, one more per data file closed (a byte flipped after it is written)."""
     saves = save_steps(events, rank)
     if not saves:
         raise ValueError(f"the clean run made no file event on rank {rank} under the work "
@@ -107,6 +123,8 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
             start_at = int(e.get("offset") or 0)
             if end is not None and end - start_at >= 2:
                 out.append(FilePoint(step, n, op, path, "torn", rank, (start_at + end) // 2))
+        if op == "close" and flip and int(e.get("size") or 0) >= FLIP_MIN_BYTES:
+            out.append(FilePoint(step, n, op, path, "flip", rank))
     return out
 
 
@@ -130,9 +148,10 @@ def parametrize(metafunc: Any, state: Any) -> None:
     sweep_marker = metafunc.definition.get_closest_marker("reshard_sweep")
     sweep_opts = dict(sweep_marker.kwargs) if sweep_marker else {}
     rank, save_step = int(sweep_opts.pop("rank", 0)), sweep_opts.pop("save_step", None)
+    flip = bool(sweep_opts.pop("flip", False))
     if sweep_opts:
-        raise pytest.UsageError(f"{where}: reshard_sweep takes save_step= and rank=, not "
-                                f"{', '.join(sweep_opts)}")
+        raise pytest.UsageError(f"{where}: reshard_sweep takes save_step=, rank= and flip=, "
+                                f"not {', '.join(sweep_opts)}")
     s = state.settings
     from pytest_reshard.plugin import resolve_workload
 
@@ -149,7 +168,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
         raise pytest.UsageError(f"{where}: reshard_sweep rank={rank} is not a rank of world "
                                 f"size {scenario.world_size}")
     run = getattr(metafunc.config, "workerinput", {}).get("testrunuid") or _SESSION
-    key = hashlib.sha256(json.dumps([scenario.to_dict(), run], sort_keys=True,
+    key = hashlib.sha256(json.dumps([scenario.to_dict(), run, rank, save_step, flip], sort_keys=True,
                                     default=str).encode())
     for path in workload_files(resolve(scenario.workload).argv(scenario.steps, scenario.args)):
         key.update(path.read_bytes())
@@ -161,7 +180,8 @@ def parametrize(metafunc: Any, state: Any) -> None:
         if not recorded.exists():
             history = _record(scenario, folder / "run")
             try:
-                found = points(history.rank_events(gen=0), rank=rank, save_step=save_step)
+                found = points(history.rank_events(gen=0), rank=rank, save_step=save_step,
+                               flip=flip)
             except ValueError as e:
                 raise pytest.UsageError(f"{where}: {e} (the clean run: {folder / 'run'})") from None
             recorded.write_text(json.dumps([asdict(p) for p in found]))

@@ -11,7 +11,7 @@ def run_cli(*args, cwd):
 
 
 def test_bundled_suites_are_listed_and_collect(tmp_path):
-    assert {"catalog", "dflash", "nightly", "smoke", "upgrade"} <= set(cli.suites())
+    assert {"catalog", "dflash", "files", "nightly", "smoke", "upgrade"} <= set(cli.suites())
     for suite, tests in (("smoke", ["test_lm_survives[", "test_dflash_survives["]),
                          ("catalog", ["test_lm_survives["]), ("dflash", ["test_dflash_survives["]),
                          ("upgrade", ["test_lm_upgrade["])):
@@ -22,9 +22,12 @@ def test_bundled_suites_are_listed_and_collect(tmp_path):
 
 def test_unknown_suite_and_missing_replay_say_what_to_do(tmp_path):
     out = run_cli("nosuch", cwd=tmp_path)
-    assert out.returncode == 2 and "bundled suites: catalog, dflash, nightly, smoke, upgrade" in out.stderr
+    assert out.returncode == 2 and "bundled suites: catalog, dflash, files, nightly, smoke, upgrade" \
+        in out.stderr
     out = run_cli("replay", str(tmp_path / "nothing.json"), cwd=tmp_path)
     assert out.returncode == 2 and "pass a scenario.json" in out.stderr
+    out = run_cli("sweep", str(tmp_path / "train.py"), cwd=tmp_path)
+    assert out.returncode == 2 and "pass the training script to sweep" in out.stderr
 
 
 def test_replay_reruns_a_saved_scenario(tmp_path, toy):

@@ -120,8 +120,7 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
             elif path in done and last is None:
                 wrong.append(f"`{path}` torn ({have[0]} bytes; its write never finished)")
             elif last is not None and (int(have[0]), int(have[1])) != last:
-                wrong.append(f"`{path}` is not what was last written ({have[0]} bytes, "
-                             f"{last[0]} written)")
+                wrong.append(f"`{path}` {_differs(have, last)}")
         if wrong:
             out.problems[k] = wrong
         else:
@@ -261,10 +260,18 @@ def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequen
         have, last = disk.get(path), done.get(path, ())
         if have is None and path not in done and not any(p.startswith(path + "/") for p in disk):
             return f"`{path}`, which did not exist"
-        if have is not None and path in done and (last is None or (int(have[0]), int(have[1]))
-                                                  != last):
+        if have is not None and path in done and last is None:
             return f"`{path}`, torn ({have[0]} bytes, its write never finished)"
+        if have is not None and last and (int(have[0]), int(have[1])) != last:
+            return f"`{path}`, which {_differs(have, last)}"
     return None
+
+
+def _differs(have: Sequence[Any], last: tuple[int, int]) -> str:
+    """How a file on disk differs from what the run last wrote to it."""
+    if int(have[0]) != last[0]:
+        return f"has {have[0]} bytes where {last[0]} were written"
+    return f"changed after it was written (the same {last[0]} bytes, not the same content)"
 
 
 def _applies(ctx: CheckContext) -> bool:

@@ -7,15 +7,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from html import escape
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard.reports.table import MARK
 
-__all__ = ["points_of", "matrix_lines", "write_matrix"]
+__all__ = ["points_of", "matrix_lines", "write_matrix", "masked"]
 
-MODES = ("before", "torn")
+MODES = ("before", "torn", "flip")
+
+
+def masked(name: str) -> str:
+    """``name`` with its random parts (hex runs of 8 or more, a letter among them) as ``*``:
+    the same in every run."""
+    return re.sub(r"(?=[0-9]*[a-f])[0-9a-f]{8,}", "*", name)
+
+
+def outcome(mode: str, verdict: str) -> str:
+    """What a cell shows: a crash must pass; a flipped byte must be caught (a failed check)."""
+    if mode == "flip":
+        return {"fail": "caught", "pass": "MISSED"}.get(verdict, verdict)
+    return MARK.get(verdict, verdict)
 
 
 def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -28,8 +42,13 @@ def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         failed = [c for c, v in r["checks"].items() if v["status"] != "pass"]
         first = next((r["checks"][c]["message"] for c in failed), "")
         op, _, path = (p.get("hit") or "").partition(" ")
+        path = masked(path)
+        if p["mode"] == "flip":   # the kill comes later; the file is the one flipped
+            op, path = "close", masked(p.get("flipped") or "")
+        ok = (r["status"] == "fail") if p["mode"] == "flip" else (r["status"] == "pass")
         out.append({"step": p["step"], "event": p["event"], "mode": p["mode"],
                     "op": op or "(not reached)", "path": path, "verdict": r["status"],
+                    "outcome": outcome(p["mode"], r["status"]), "ok": ok,
                     "failed": failed, "message": first, "name": r["name"],
                     "replay": r.get("replay"), "report": r.get("report")})
     return sorted(out, key=lambda x: (x["step"], x["event"], MODES.index(x["mode"])
@@ -38,7 +57,7 @@ def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def smallest_failing(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The earliest event of the save whose crash fails: the minimal scenario to replay."""
-    return next((p for p in points if p["verdict"] != "pass"), None)
+    return next((p for p in points if not p["ok"]), None)
 
 
 def matrix_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -48,19 +67,21 @@ def matrix_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     for p in points:
         cell = cells.setdefault((p["step"], p["event"]), {"op": p["op"], "path": p["path"]})
-        cell[p["mode"]] = MARK.get(p["verdict"], p["verdict"])
-    counts = {s: sum(1 for p in points if p["verdict"] == s) for s in ("pass", "fail", "unknown")}
-    table = [["step", "event", "op", "path", *MODES]]
+        cell[p["mode"]] = p["outcome"]
+    modes = [m for m in MODES if any(p["mode"] == m for p in points)]
+    bad = sum(1 for p in points if not p["ok"])
+    table = [["step", "event", "op", "path", *modes]]
     for (step, event), c in cells.items():
-        table.append([str(step), str(event), c["op"], c["path"], *(c.get(m, "") for m in MODES)])
+        table.append([str(step), str(event), c["op"], c["path"], *(c.get(m, "") for m in modes)])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [f"{len(points)} crash points: {counts['pass']} passed, {counts['fail']} failed, "
-             f"{counts['unknown']} unknown"]
+    lines = [f"{len(points)} crash points: {len(points) - bad} as they must be, {bad} not "
+             "(a crash must pass every checker; a flipped byte must be caught)"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
     worst = smallest_failing(points)
     if worst is not None:
-        lines.append(f"smallest failing point: {worst['name']} ({', '.join(worst['failed'])}): "
-                     f"{worst['message']}")
+        why = f"({', '.join(worst['failed'])}): {worst['message']}" if worst["failed"] else \
+            "(no checker noticed the flipped byte)"
+        lines.append(f"smallest failing point: {worst['name']} {why}")
         if worst.get("replay"):
             lines.append(f"  replay: {worst['replay']}")
     return lines
@@ -76,11 +97,12 @@ def write_matrix(folder: Path, rows: Sequence[Mapping[str, Any]]) -> Path | None
     body = []
     for p in points:
         href = os.path.relpath(p["report"], folder) if p.get("report") else None
-        verdict = escape(p["verdict"])
+        verdict = escape(p["outcome"])
         cell = f'<a href="{escape(href)}">{verdict}</a>' if href else verdict
         body.append(f'<tr><td>{p["step"]}</td><td>{p["event"]}</td><td>{escape(p["op"])}</td>'
                     f'<td>{escape(p["path"])}</td><td>{escape(p["mode"])}</td>'
-                    f'<td class="{verdict}">{cell}</td><td>{escape(p["message"])}</td></tr>')
+                    f'<td class="{"pass" if p["ok"] else "fail"}">{cell}</td>'
+                    f'<td>{escape(p["message"])}</td></tr>')
     worst = smallest_failing(points)
     replay = (f'<p id="smallest">smallest failing point: {escape(worst["name"])}<br>'
               f'<code>{escape(worst.get("replay") or "")}</code></p>') if worst else ""

@@ -53,8 +53,11 @@ def file_point(result: Any) -> dict[str, Any] | None:
 
     for f in result.scenario.schedule.faults:
         if kinds.get(f.kind).watches_files:
-            hit = next((e for e in result.history.file_events() if e.get("killed")), None)
+            files = result.history.file_events()
+            hit = next((e for e in files if e.get("killed") and e["gen"] == 0), None)
+            flipped = next((e["path"] for e in files if e["op"] == "flip"), None)
             return {"step": f.step, "event": f.params.get("event"), "mode": f.params.get("mode"),
+                    "flipped": flipped,
                     "hit": None if hit is None else
                     f"{hit['op']} {hit['path']}" + (f" -> {hit['dst']}" if hit.get("dst") else "")}
     return None
