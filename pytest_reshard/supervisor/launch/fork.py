@@ -48,7 +48,8 @@ class ForkLauncher:
     def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
         if self._server is None or not self._server.alive():
             self._server = ForkServer(self.preload)
-        pids = {s.rank: self._server.spawn(s.argv, s.env, s.cwd, s.log) for s in specs}
+        pids = self._server.spawn_many([(s.argv, s.env, s.cwd, s.log) for s in specs])
+        pids = dict(zip((s.rank for s in specs), pids))
         return ForkGeneration(self._server, pids)
 
     def close(self) -> None:

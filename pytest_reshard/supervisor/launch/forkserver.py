@@ -58,6 +58,7 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         self._sock = ours
         self._buffer = b""
+        self._replies: list[dict] = []
         self._exits: dict[int, int] = {}
         self.preload = tuple(preload)
         self._proc = subprocess.Popen(
@@ -85,15 +86,28 @@ class ForkServer:
     def spawn(self, argv: Sequence[str], env: dict[str, str], cwd: str, log: Path,
               timeout: float = 10.0) -> int:
         """Fork a rank that runs ``python argv...`` (``-m module`` or a script path)."""
-        self._send({"op": "spawn", "argv": list(argv), "env": env, "cwd": cwd, "log": str(log)})
-        reply = self._read_reply(timeout)
-        if "pid" not in reply:
-            raise RuntimeError(f"fork server could not spawn {argv}: {reply.get('error', reply)}")
-        return int(reply["pid"])
+        return self.spawn_many([(argv, env, cwd, log)], timeout)[0]
+
+    def spawn_many(self, ranks: Sequence[tuple[Sequence[str], dict[str, str], str, Path]],
+                   timeout: float = 10.0) -> list[int]:
+        """Fork one rank per ``(argv, env, cwd, log)``, in order: every request is sent at once
+        and the server forks them back to back, without a round trip between two forks. The
+        pids, in the same order; ``timeout`` bounds the wait for each reply."""
+        self._sock.sendall(b"".join((json.dumps({"op": "spawn", "argv": list(argv), "env": env,
+                                                 "cwd": cwd, "log": str(log)}) + "\n").encode()
+                                    for argv, env, cwd, log in ranks))
+        pids = []
+        for argv, _, _, _ in ranks:
+            reply = self._read_reply(timeout)
+            if "pid" not in reply:
+                raise RuntimeError(f"fork server could not spawn {list(argv)}: "
+                                   f"{reply.get('error', reply)}")
+            pids.append(int(reply["pid"]))
+        return pids
 
     def poll(self) -> dict[int, int]:
         """Exit codes of every child that has exited so far (pid -> code)."""
-        self._pump(0.0)
+        self._replies.extend(self._pump(0.0))
         return dict(self._exits)
 
     def close(self) -> None:
@@ -127,13 +141,13 @@ class ForkServer:
     def _read_reply(self, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
+            if self._replies:  # one read may bring several (the replies to spawn_many)
+                return self._replies.pop(0)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"fork server did not answer within {timeout:.0f} s")
-            replies = self._pump(min(left, 0.5))
-            if replies:
-                return replies[0]
-            if self._proc.poll() is not None:
+            self._replies.extend(self._pump(min(left, 0.5)))
+            if not self._replies and self._proc.poll() is not None:
                 raise RuntimeError(f"fork server exited with code {self._proc.returncode}")
 
 
@@ -168,13 +182,21 @@ def _run_child(req: dict) -> NoReturn:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
             sys.modules["__main__"] = types.ModuleType("__main__")
-            # What ``python -m`` itself calls: runs the module in ``__main__``'s namespace and
-            # sets sys.argv[0] to its file.
-            runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
+            known = _cached(("m", argv[1]))
+            if known is not None:  # what runpy does below, with the server's code object
+                code, spec = known
+                sys.argv[0] = spec.origin
+                runpy._run_code(code, sys.modules["__main__"].__dict__, None,  # type: ignore[attr-defined]
+                                "__main__", spec)
+            else:
+                # What ``python -m`` itself calls: runs the module in ``__main__``'s namespace
+                # and sets sys.argv[0] to its file.
+                runpy._run_module_as_main(argv[1], alter_argv=True)  # type: ignore[attr-defined]
         else:
             sys.argv = list(argv)
             sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
-            _run_script(argv[0])
+            known = _cached(("s", os.path.abspath(argv[0])))
+            _run_script(argv[0], known[0] if known is not None else None)
     except SystemExit:
         raise  # the interpreter reports its code (and prints a message) as for python script.py
     except BaseException as e:
@@ -194,8 +216,65 @@ def _run_child(req: dict) -> NoReturn:
 _OWN_FILES = {__file__, "<frozen runpy>", getattr(sys.modules.get("runpy"), "__file__", None)}
 
 
-def _run_script(path: str) -> None:
-    """Run the file ``path`` as this process's ``__main__``, as ``python path`` does."""
+# What the server compiled once, for every rank it forks: ("m", module) or ("s", script path) ->
+# (the source's (mtime_ns, size, inode), code, spec or None). A rank runs a cached code object only
+# while its source file is unchanged; otherwise it compiles as a cold interpreter would.
+_CODE: dict[tuple[str, str], tuple[tuple[int, int, int], object, object]] = {}
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _cached(key: tuple[str, str]) -> tuple[object, object] | None:
+    entry = _CODE.get(key)
+    if entry is None:
+        return None
+    stamp, code, spec = entry
+    origin = getattr(spec, "origin", None) if key[0] == "m" else key[1]
+    return (code, spec) if origin and _stamp(origin) == stamp else None
+
+
+def _compile_once(argv: Sequence[str], cwd: str) -> None:
+    """In the server, before forking: the code a rank would compile (or read from its .pyc) on
+    its way to ``main``, made once for every rank and generation. Only for a module the server
+    has imported already (a preload: nothing new runs here) or a script file (compiling runs
+    nothing); anything that fails is left to the rank, which then reports it itself."""
+    try:
+        if argv[0] == "-m":
+            name = argv[1]
+            module = sys.modules.get(name)
+            spec = getattr(module, "__spec__", None)
+            if ("m", name) in _CODE or module is None or hasattr(module, "__path__") \
+                    or spec is None or not spec.origin or not hasattr(spec.loader, "get_code"):
+                return
+            stamp = _stamp(spec.origin)
+            code = spec.loader.get_code(name)
+            if stamp is not None and code is not None and _stamp(spec.origin) == stamp:
+                _CODE[("m", name)] = (stamp, code, spec)
+        else:
+            path = os.path.join(cwd, argv[0])
+            path = os.path.abspath(path)
+            stamp = _stamp(path)
+            if stamp is None or (("s", path) in _CODE and _CODE[("s", path)][0] == stamp):
+                return
+            import io
+
+            with io.open_code(path) as f:
+                code = compile(f.read(), path, "exec", dont_inherit=True)
+            if _stamp(path) == stamp:
+                _CODE[("s", path)] = (stamp, code, None)
+    except Exception:
+        return
+
+
+def _run_script(path: str, code: object = None) -> None:
+    """Run the file ``path`` as this process's ``__main__``, as ``python path`` does (``code``:
+    the server's compilation of it, still current)."""
     import builtins
     import importlib.machinery
     import io
@@ -208,9 +287,10 @@ def _run_script(path: str) -> None:
     main.__builtins__ = builtins  # type: ignore[attr-defined]
     main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
     sys.modules["__main__"] = main
-    with io.open_code(path) as f:
-        code = compile(f.read(), path, "exec", dont_inherit=True)
-    exec(code, main.__dict__)
+    if code is None:
+        with io.open_code(path) as f:
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)  # type: ignore[arg-type]
 
 
 def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
@@ -249,6 +329,7 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
             while b"\n" in buffer:
                 line, buffer = buffer.split(b"\n", 1)
                 req = json.loads(line)
+                _compile_once(req["argv"], req["cwd"])
                 pid = os.fork()
                 if pid == 0:
                     sock.close()
