@@ -33,7 +33,7 @@ from pytest_reshard.contract import Ev
 from pytest_reshard.filewatch import MUTATIONS
 from pytest_reshard.reports.sweep import masked
 
-__all__ = ["FilePoint", "points", "save_steps", "parametrize"]
+__all__ = ["FilePoint", "points", "save_steps", "record", "parametrize"]
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,6 @@ def parametrize(metafunc: Any, state: Any) -> None:
     """``pytest_generate_tests`` for a test that asks for ``file_point``."""
     import pytest
 
-    from pytest_reshard.history import History
     from pytest_reshard.refcache import workload_files
     from pytest_reshard.session import scenario_from
     from pytest_reshard.workloads import resolve
@@ -178,12 +177,11 @@ def parametrize(metafunc: Any, state: Any) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)   # one recording per session, xdist workers wait
         recorded = folder / "points.json"
         if not recorded.exists():
-            history = _record(scenario, folder / "run")
             try:
-                found = points(history.rank_events(gen=0), rank=rank, save_step=save_step,
+                found = record(scenario, folder / "run", rank=rank, save_step=save_step,
                                flip=flip)
-            except ValueError as e:
-                raise pytest.UsageError(f"{where}: {e} (the clean run: {folder / 'run'})") from None
+            except (RuntimeError, ValueError) as e:
+                raise pytest.UsageError(f"{where}: {e}") from None
             recorded.write_text(json.dumps([asdict(p) for p in found]))
     found = [FilePoint(**p) for p in json.loads(recorded.read_text())]
     metafunc.parametrize("file_point", found, ids=[p.id for p in found])
@@ -192,18 +190,27 @@ def parametrize(metafunc: Any, state: Any) -> None:
 _SESSION = uuid.uuid4().hex   # this process's session, when not under xdist
 
 
-def _record(scenario: Any, run_dir: Path) -> Any:
-    """A clean run recording every file event; an error naming its logs if it did not finish."""
-    import pytest
+def record(scenario: Any, run_dir: Path, *, rank: int = 0, save_step: int | None = None,
+           flip: bool = False) -> list[FilePoint]:
+    """Run ``scenario`` clean (no faults) recording every file event, and return the crash
+    points of one save. Raises ``RuntimeError`` naming the logs if that run did not finish,
+    ``ValueError`` if the rank saved nothing there (or not at ``save_step``)."""
+    import dataclasses
 
     from pytest_reshard.history import History
+    from pytest_reshard.schedule import Schedule
     from pytest_reshard.supervisor.run import Supervisor
 
-    Supervisor(scenario, run_dir).run()
+    clean = dataclasses.replace(scenario, files=True, schedule=Schedule(scenario.schedule.seed))
+    Supervisor(clean, run_dir).run()
     history = History.load(run_dir)
     final = history.final_generation
     if final is None or final.cause != "complete":
-        raise pytest.UsageError(f"the clean run that records the save's file events did not "
-                                f"finish ({final.cause if final else 'no generation'}; "
-                                f"{final.detail if final else ''}): see {run_dir / 'logs'}")
-    return history
+        raise RuntimeError(f"the clean run that records the save's file events did not finish "
+                           f"({final.cause if final else 'no generation'}"
+                           f"{': ' + final.detail if final and final.detail else ''}): see "
+                           f"{run_dir / 'logs'}")
+    try:
+        return points(history.rank_events(gen=0), rank=rank, save_step=save_step, flip=flip)
+    except ValueError as e:
+        raise ValueError(f"{e} (the clean run: {run_dir})") from None

@@ -205,7 +205,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
             continue
         step, source = _resumed_from(history, started)
         newest = state.newest
-        if step is not None and step in state.problems:
+        if step is not None and step in state.problems and source != "emergency":
             problems.append(f"generation {started} resumed from step {step}, whose checkpoint "
                             f"was not complete {when}: {'; '.join(state.problems[step])}")
         elif newest is not None and (step is None or step < newest):
