@@ -16,7 +16,7 @@ mode x verdict) and the smallest failing point's replay command; ``sweep.html`` 
 ``sweep.json`` in the artifacts folder keep it.
 
 The events of a save are those its rank makes from the start of the save's step to the start of
-the next step, and later ones under a folder that save created (an async save's tail).
+the next step, and later writes under a folder that save created (an async save's tail).
 """
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ def save_steps(events: Sequence[Mapping[str, Any]], rank: int) -> list[int]:
                    and e["op"] in MUTATIONS and e.get("at_step") is not None})
 
 
+#: Removals after the save's step are a later save's cleanup, not this save's tail.
+REMOVALS = ("unlink", "rmdir", "rmtree")
 #: A flip point is made for each file of the save at least this big (its data, not a pointer).
 FLIP_MIN_BYTES = 64
 
@@ -108,8 +110,8 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
     for i, e in enumerate(later):
         n += 1
         op, path = e["op"], e["path"]
-        ours = e.get("at_step") == step or any(path == d or path.startswith(d + "/")
-                                               for d in made)
+        ours = e.get("at_step") == step or (op not in REMOVALS and any(
+            path == d or path.startswith(d + "/") for d in made))   # an async save's tail
         if not ours:
             continue
         if op == "mkdir" and e.get("at_step") == step:

@@ -104,10 +104,43 @@ def test_an_async_saves_late_marker_belongs_to_the_save_that_made_its_folder():
 
 
 def test_written_forgets_a_file_whose_write_was_torn():
-    events = [{"op": "open", "path": "m.pt"}, {"op": "close", "path": "m.pt", "size": 4, "crc": 9},
-              {"op": "open", "path": "m.pt"}, {"op": "write", "path": "m.pt", "killed": "torn"}]
-    assert written(events) == {"m.pt": None}
-    assert written(events[:2]) == {"m.pt": (4, 9)}
+    events = [{"op": "open", "path": "m.pt", "at_step": 1},
+              {"op": "close", "path": "m.pt", "size": 4, "crc": 9, "at_step": 1},
+              {"op": "open", "path": "m.pt", "at_step": 3},
+              {"op": "write", "path": "m.pt", "killed": "torn", "at_step": 3}]
+    assert written(events).files == {"m.pt": None}
+    assert written(events[:2]).files == {"m.pt": (4, 9, 1)}
+    # killed before an event: it never happened (a close's data is all written, though)
+    assert written(events[:2] + [{"op": "open", "path": "m.pt", "killed": "before"}]).files == \
+        {"m.pt": (4, 9, 1)}
+    assert written(events[:2] + [{"op": "rename", "path": "m.pt", "dst": "n.pt",
+                                  "killed": "before"}]).files == {"m.pt": (4, 9, 1)}
+
+
+def test_an_in_place_file_holds_one_save_at_a_time(tmp_path):
+    # torch.save over model.pt: killed before save 3 opens it, it still holds save 1
+    wanted = {1: {"model.pt": 10}, 3: {"model.pt": 10}}
+    run = Run()
+    run.generation(steps=range(4), cause="failure", files=[
+        (1, "open", "model.pt", {}), (1, "close", "model.pt", {"size": 10, "crc": 1}),
+        (3, "open", "model.pt", {"killed": "before"})], disk={"model.pt": [10, 1]})
+    run.generation(steps=range(2, 6), load=1, resume=2, disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "pass", v.message
+
+
+def test_a_checkpoint_deleted_before_the_next_is_complete_is_named(tmp_path):
+    wanted = {1: {"step1/a": 10}, 3: {"step3/a": 10}}
+    run = Run()
+    run.generation(steps=range(4), cause="failure", files=[
+        (1, "mkdir", "step1", {}), (1, "close", "step1/a", {"size": 10, "crc": 1}),
+        (3, "rmtree", "step1", {}), (3, "mkdir", "step3", {}),
+        (3, "open", "step3/a", {"killed": "before"})], disk={})
+    run.generation(steps=range(6), disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "fail"
+    assert "no checkpoint was complete" in v.message
+    assert "step 1: `step1/a` removed by `rmtree step1` in step 3" in v.message
 
 
 def crashed_in_second_save(run, **kill):

@@ -27,7 +27,7 @@ from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict
 
-__all__ = ["crash_consistency", "manifests", "written", "Checkpoints", "describe_crash"]
+__all__ = ["crash_consistency", "manifests", "written", "Disk", "Checkpoints", "describe_crash"]
 
 CHECK = "crash_consistency"
 
@@ -40,58 +40,71 @@ def _moved(path: str, src: str, dst: str) -> str:
     return dst + path[len(src):]
 
 
+class Disk:
+    """The work folder as a run's file events leave it: each file's last finished write
+    ``(size, crc, save)`` (``save``: the step whose save it belongs to), None while a write to
+    it is unfinished (opened, torn), and the event that removed each file that is gone."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, tuple[int | None, int | None, int | None] | None] = {}
+        self.made: dict[str, int] = {}            # a folder -> the step that created it
+        self.removed: dict[str, Mapping[str, Any]] = {}
+
+    def apply(self, e: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """Apply one event; the ``(old, new)`` paths it moved."""
+        op, path, step = e["op"], e["path"], e.get("at_step")
+        if e.get("killed") == "before" and op != "close":
+            return []                 # killed before it: it never happened (a close's data is written)
+        if op == "mkdir" and step is not None:
+            self.made[path] = step
+        elif op in ("open", "truncate") or (op == "write" and e.get("killed")):
+            self.files[path] = None
+        elif op == "close":
+            folder = self.made.get(os.path.dirname(path))
+            save = folder if folder is not None and step is not None and folder < step else step
+            self.files[path] = (e.get("size"), e.get("crc"), save)
+        elif op == "rename" and e.get("dst") not in (None, "(outside)"):
+            moved = [(p, _moved(p, path, e["dst"])) for p in self.files if _under(p, path)]
+            for old, new in moved:
+                self.files[new] = self.files.pop(old)
+            for d in [d for d in self.made if _under(d, path)]:
+                self.made[_moved(d, path, e["dst"])] = self.made.pop(d)
+            return moved
+        elif op in ("unlink", "rmdir", "rmtree"):
+            for p in [p for p in self.files if _under(p, path)]:
+                del self.files[p]
+                self.removed[p] = e
+        return []
+
+
 def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | None]]:
     """``{step: {path: size}}``: the files each save of a (clean) run left, by final name."""
-    owner: dict[str, int] = {}       # a file now on disk -> the save it belongs to
-    made: dict[str, int] = {}        # a folder -> the step in whose window it was created
+    disk = Disk()
     out: dict[int, dict[str, int | None]] = {}
     for e in events:
-        step, op, path = e.get("at_step"), e["op"], e["path"]
-        if step is None:
+        if e.get("at_step") is None:
             continue
-        if op == "mkdir":
-            made[path] = step
-        elif op == "close":
-            folder = made.get(os.path.dirname(path))
-            k = folder if folder is not None and folder < step else step
-            owner[path] = k
-            out.setdefault(k, {})[path] = e.get("size")
-        elif op == "rename" and e.get("dst") not in (None, "(outside)"):
-            dst = e["dst"]
-            for p in [p for p in owner if _under(p, path)]:
-                k = owner.pop(p)
-                q = _moved(p, path, dst)
-                owner[q] = k
-                out[k][q] = out[k].pop(p, None)
-            for d in [d for d in made if _under(d, path)]:
-                made[_moved(d, path, dst)] = made.pop(d)
-        elif op in ("unlink", "rmdir", "rmtree"):
-            for p in [p for p in owner if _under(p, path)]:
-                k = owner.pop(p)
-                if k == step:             # written and removed by the same save: a temporary
-                    out[k].pop(p, None)
+        before = dict(disk.files)
+        for old, new in disk.apply(e):
+            got = disk.files[new]
+            if got is not None and got[2] in out:
+                out[got[2]][new] = out[got[2]].pop(old, got[0])
+        if e["op"] == "close":
+            size, _, save = disk.files[e["path"]] or (None, None, None)
+            out.setdefault(save, {})[e["path"]] = size
+        elif e["op"] in ("unlink", "rmdir", "rmtree"):
+            for p, got in before.items():     # written and removed by one save: a temporary
+                if p not in disk.files and got is not None and got[2] == e["at_step"]:
+                    out.get(got[2], {}).pop(p, None)
     return {k: v for k, v in out.items() if v}
 
 
-def written(events: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int] | None]:
-    """``{path: (size, crc)}`` of what a run last finished writing to each file it still has;
-    None for a file opened for writing (or torn) whose write never finished."""
-    out: dict[str, tuple[int, int] | None] = {}
+def written(events: Iterable[Mapping[str, Any]]) -> Disk:
+    """The work folder as a run's events (in order) leave it."""
+    disk = Disk()
     for e in events:
-        op, path = e["op"], e["path"]
-        if op == "open" or (op == "write" and e.get("killed")):
-            out[path] = None
-        elif op == "close" and "crc" in e:
-            out[path] = (int(e["size"]), int(e["crc"]))
-        elif op == "truncate":
-            out[path] = None
-        elif op == "rename" and e.get("dst") not in (None, "(outside)"):
-            for p in [p for p in out if _under(p, path)]:
-                out[_moved(p, path, e["dst"])] = out.pop(p)
-        elif op in ("unlink", "rmdir", "rmtree"):
-            for p in [p for p in out if _under(p, path)]:
-                del out[p]
-    return out
+        disk.apply(e)
+    return disk
 
 
 @dataclass
@@ -107,20 +120,30 @@ class Checkpoints:
 
 
 def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[str, int | None]],
-               done: Mapping[str, tuple[int, int] | None]) -> Checkpoints:
-    """Which of the checkpoints in ``wanted`` the folder ``disk`` holds complete."""
+               done: Disk) -> Checkpoints:
+    """Which of the checkpoints in ``wanted`` the folder ``disk`` holds complete, given what the
+    run wrote (``done``)."""
     out = Checkpoints()
     for k in sorted(wanted):
         wrong = []
+        missing: dict[tuple[str, str], list[str]] = {}   # (folder, how) -> files
         for path, size in sorted(wanted[k].items()):
             have = disk.get(path)
-            last = done.get(path)
+            last = done.files.get(path)
             if have is None:
-                wrong.append(f"`{path}` missing")
-            elif path in done and last is None:
+                gone = done.removed.get(path) if path not in done.files else None
+                how = f"removed by `{gone['op']} {gone['path']}` in step {gone.get('at_step')}" \
+                    if gone is not None else "missing"
+                missing.setdefault((os.path.dirname(path), how), []).append(path)
+            elif path in done.files and last is None:
                 wrong.append(f"`{path}` torn ({have[0]} bytes; its write never finished)")
-            elif last is not None and (int(have[0]), int(have[1])) != last:
+            elif last is not None and (int(have[0]), int(have[1])) != last[:2]:
                 wrong.append(f"`{path}` {_differs(have, last)}")
+            elif last is not None and last[2] != k:
+                wrong.append(f"`{path}` holds the save of step {last[2]}, not of step {k}")
+        for (folder, how), paths in missing.items():
+            wrong.insert(0, f"`{paths[0]}` {how}" if len(paths) == 1 else
+                         f"`{folder}/` ({len(paths)} files) {how}")
         if wrong:
             out.problems[k] = wrong
         else:
@@ -215,10 +238,10 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                             f"the newest complete checkpoint: step {newest} ({', '.join(skipped)}) "
                             f"was complete {when}")
         elif newest is None and step is None and state.problems:
-            lost = max(state.problems)
+            each = "; ".join(f"step {k}: {', '.join(why)}"
+                             for k, why in sorted(state.problems.items(), reverse=True))
             problems.append(f"no checkpoint was complete {when}, so generation {started} started "
-                            f"from scratch; the newest, step {lost}: "
-                            f"{'; '.join(state.problems[lost])}")
+                            f"from scratch ({each})")
         else:
             judged.append(f"generation {started} resumed from "
                           f"{'scratch' if step is None else f'step {step} ({source})'}, the "
@@ -251,23 +274,29 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
 
 
 def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequence[Any]],
-                done: Mapping[str, tuple[int, int] | None]) -> str | None:
-    """The first file the generations ``gens`` read that was missing or torn on ``disk``."""
+                done: Disk) -> str | None:
+    """The first file the generations ``gens`` read that was missing or torn on ``disk``, after
+    the files read before it (`latest`, which pointed there)."""
+    before: list[str] = []
     for e in history.file_events():
         if e["gen"] not in gens or e["op"] != "read":
             continue
         path = e["path"]
-        have, last = disk.get(path), done.get(path, ())
-        if have is None and path not in done and not any(p.startswith(path + "/") for p in disk):
-            return f"`{path}`, which did not exist"
-        if have is not None and path in done and last is None:
-            return f"`{path}`, torn ({have[0]} bytes, its write never finished)"
-        if have is not None and last and (int(have[0]), int(have[1])) != last:
-            return f"`{path}`, which {_differs(have, last)}"
+        have, last = disk.get(path), done.files.get(path)
+        after = f"`{before[-1]}` and then " if before else ""
+        if have is None and path not in done.files and \
+                not any(p.startswith(path + "/") for p in disk):
+            return f"{after}`{path}`, which did not exist"
+        if have is not None and path in done.files and last is None:
+            return f"{after}`{path}`, torn ({have[0]} bytes, its write never finished)"
+        if have is not None and last and (int(have[0]), int(have[1])) != last[:2]:
+            return f"{after}`{path}`, which {_differs(have, last)}"
+        if path in disk and path not in before:
+            before.append(path)
     return None
 
 
-def _differs(have: Sequence[Any], last: tuple[int, int]) -> str:
+def _differs(have: Sequence[Any], last: Sequence[Any]) -> str:
     """How a file on disk differs from what the run last wrote to it."""
     if int(have[0]) != last[0]:
         return f"has {have[0]} bytes where {last[0]} were written"

@@ -40,7 +40,9 @@ def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not p:
             continue
         failed = [c for c, v in r["checks"].items() if v["status"] != "pass"]
-        first = next((r["checks"][c]["message"] for c in failed), "")
+        # crash_consistency says what the crash did to the files: its word first
+        first = next((r["checks"][c]["message"] for c in sorted(
+            failed, key=lambda c: c != "crash_consistency")), "")
         op, _, path = (p.get("hit") or "").partition(" ")
         path = masked(path)
         if p["mode"] == "flip":   # the kill comes later; the file is the one flipped
