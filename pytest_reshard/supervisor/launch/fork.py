@@ -40,19 +40,61 @@ class ForkLauncher:
     def __init__(self, preload: Sequence[str] = (WARMUP,)) -> None:
         self.preload = tuple(preload)
         self._server: ForkServer | None = None
+        self.closed = False  # closed for good: a run still using it gets an error, not a server
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "ForkLauncher":
         return cls(ctx.preload)
 
-    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
+    def start(self) -> ForkServer:
+        """The running server, started now if it is not. It dies when the *thread* that started
+        it ends (Linux sends the parent-death signal then), so start it on the thread that
+        outlives its use; a run on another thread uses ``borrowed()``."""
+        if self.closed:
+            raise RuntimeError("this fork launcher was closed; its ranks were ended with it")
         if self._server is None or not self._server.alive():
             self._server = ForkServer(self.preload)
-        pids = self._server.spawn_many([(s.argv, s.env, s.cwd, s.log) for s in specs])
+        return self._server
+
+    def running(self) -> bool:
+        return not self.closed and self._server is not None and self._server.alive()
+
+    def borrowed(self) -> "BorrowedFork":
+        """This launcher as a run on another thread uses it (see ``BorrowedFork``)."""
+        return BorrowedFork(self)
+
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
+        server = self.start()
+        pids = server.spawn_many([(s.argv, s.env, s.cwd, s.log) for s in specs])
         pids = dict(zip((s.rank for s in specs), pids))
-        return ForkGeneration(self._server, pids)
+        return ForkGeneration(server, pids)
 
     def close(self) -> None:
+        self.closed = True
         if self._server is not None:
             self._server.close()
             self._server = None
+
+
+class BorrowedFork:
+    """A started ``ForkLauncher`` as a run on another thread uses it (a session's clean reference
+    run beside its chaos run): it launches on the server already running, never starts one (a
+    server started by a passing thread would die when that thread ends, with every rank on it,
+    the other run's included) and never closes it; once the owner is closed or its server is
+    gone, ``launch`` raises and that run ends."""
+
+    name = ForkLauncher.name
+    own_rendezvous = False
+    references_on = None
+
+    def __init__(self, owner: ForkLauncher) -> None:
+        self._owner = owner
+
+    def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
+        if not self._owner.running():
+            raise RuntimeError("the shared fork server is closed or gone; a run on another "
+                               "thread does not start one")
+        return self._owner.launch(specs)
+
+    def close(self) -> None:
+        pass

@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import NoReturn, Sequence
@@ -58,6 +59,9 @@ class ForkServer:
         ours, theirs = socket.socketpair()
         self._sock = ours
         self._buffer = b""
+        # One conversation at a time: a session's clean reference run may use the server from
+        # another thread while the chaos run does (requests and their replies stay paired).
+        self._lock = threading.RLock()
         self._replies: list[dict] = []
         self._exits: dict[int, int] = {}
         self.preload = tuple(preload)
@@ -93,6 +97,11 @@ class ForkServer:
         """Fork one rank per ``(argv, env, cwd, log)``, in order: every request is sent at once
         and the server forks them back to back, without a round trip between two forks. The
         pids, in the same order; ``timeout`` bounds the wait for each reply."""
+        with self._lock:
+            return self._spawn_many(ranks, timeout)
+
+    def _spawn_many(self, ranks: Sequence[tuple[Sequence[str], dict[str, str], str, Path]],
+                    timeout: float) -> list[int]:
         self._sock.sendall(b"".join((json.dumps({"op": "spawn", "argv": list(argv), "env": env,
                                                  "cwd": cwd, "log": str(log)}) + "\n").encode()
                                     for argv, env, cwd, log in ranks))
@@ -107,15 +116,22 @@ class ForkServer:
 
     def poll(self) -> dict[int, int]:
         """Exit codes of every child that has exited so far (pid -> code)."""
-        self._replies.extend(self._pump(0.0))
-        return dict(self._exits)
+        with self._lock:
+            self._replies.extend(self._pump(0.0))
+            return dict(self._exits)
 
     def close(self) -> None:
         """End the server; its children get SIGKILL through PDEATHSIG."""
         if self._proc.poll() is None:
-            self._proc.kill()
+            self._proc.kill()  # first: a thread waiting on the server then reads its end
             self._proc.wait(timeout=10)
-        self._sock.close()
+        if self._lock.acquire(timeout=10):
+            try:
+                self._sock.close()
+            finally:
+                self._lock.release()
+        else:  # a reader that never woke: close under it (it fails, as the server is gone)
+            self._sock.close()
 
     # -- plumbing --------------------------------------------------------------------------
     def _send(self, msg: dict) -> None:
