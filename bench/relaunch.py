@@ -3,8 +3,11 @@
 Runs the same planned reshard (4 -> 3 ranks, bundled LM, tiny) with the warm fork server and
 with cold interpreters, interleaved so both see the same machine noise, and prints the medians
 and their ratio. Usage: python bench/relaunch.py [--repeats 5] [--workload lm]
+[--launchers fork,local] [--json] (one line ``JSON {...}`` of the medians, for
+bench/before_after.py).
 """
 import argparse
+import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -29,9 +32,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--workload", default="lm")
+    p.add_argument("--launchers", default="fork,local")
+    p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    times: dict[str, list[float]] = {"fork": [], "local": []}
-    up: dict[str, list[float]] = {"fork": [], "local": []}
+    launchers = args.launchers.split(",")
+    times: dict[str, list[float]] = {k: [] for k in launchers}
+    up: dict[str, list[float]] = {k: [] for k in launchers}
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
         for i in range(args.repeats):
             for launcher in times:
@@ -42,10 +48,16 @@ def main() -> None:
                 up[launcher].append(relaunch_s(history, "start"))
                 print(f"{launcher:5s} run {i}: ranks up {up[launcher][-1]:.3f} s, first step "
                       f"{times[launcher][-1]:.3f} s", flush=True)
-    for label, data in (("ranks up (harness)", up), ("first step (harness + workload resume)", times)):
-        fork, cold = (statistics.median(data[k]) for k in ("fork", "local"))
-        print(f"relaunch to {label}, median of {args.repeats}: fork server {fork:.3f} s, "
-              f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
+    if set(launchers) >= {"fork", "local"}:
+        for label, data in (("ranks up (harness)", up),
+                            ("first step (harness + workload resume)", times)):
+            fork, cold = (statistics.median(data[k]) for k in ("fork", "local"))
+            print(f"relaunch to {label}, median of {args.repeats}: fork server {fork:.3f} s, "
+                  f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
+    if args.json:
+        print("JSON " + json.dumps({f"{k} {what}": round(statistics.median(data[k]), 4)
+                                    for what, data in (("ranks up", up), ("first step", times))
+                                    for k in launchers}))
 
 
 if __name__ == "__main__":
