@@ -81,9 +81,11 @@ def main() -> None:
                 loads.append(os.getloadavg()[0])
     print(f"{' '.join(bench)}: median of {args.repeats}, {revs['before']} -> {revs['after']} "
           f"(1-min load average {min(loads):.1f}..{max(loads):.1f} on {os.cpu_count()} CPUs)")
-    for name in figures["before"]:
-        b, a = (statistics.median(figures[k][name]) for k in revs)
-        print(f"  {name:40s} {b:9.3f} -> {a:9.3f}   {b / a if a else float('inf'):.2f}x")
+    for name in dict.fromkeys([*figures["before"], *figures["after"]]):
+        b, a = (statistics.median(figures[k][name]) if name in figures[k] else None for k in revs)
+        ratio = f"{b / a:.2f}x" if a and b is not None else ""
+        print(f"  {name:40s} {'-' if b is None else f'{b:9.3f}':>9s} -> "
+              f"{'-' if a is None else f'{a:9.3f}':>9s}   {ratio}")
 
 
 if __name__ == "__main__":
