@@ -25,7 +25,8 @@ event), and an fsync of a descriptor the proxy did not open. The crash is a proc
 kernel keeps every byte written; lost page cache (power loss) is not modelled.
 
 Each event is one ``{"ev": "file", "op": ..., "path": ...}`` line in the rank's events file
-(paths relative to the work folder; ``close`` carries the file's ``size`` and ``crc`` (CRC-32)).
+(paths relative to the work folder; ``close`` carries the file's ``size`` and ``crc`` (CRC-32);
+an ``open`` with ``raw`` is one whose writes and close are not seen).
 """
 from __future__ import annotations
 
@@ -186,8 +187,8 @@ class Watcher:
             writing = any(c in mode for c in "wax+") if isinstance(mode, str) else \
                 bool((flags or 0) & _WRITE_FLAGS)
             rel = self.rel(path)
-            if rel is not None:
-                self.event("open", rel) if writing else self.read(rel)
+            if rel is not None:   # not through our open(): its writes and close are not seen
+                self.event("open", rel, raw=True) if writing else self.read(rel)
             return
         if op == "truncate" and isinstance(args[0], int):
             return

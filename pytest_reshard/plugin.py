@@ -452,7 +452,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
     matrix = matrix_lines(rows)
     if matrix:
-        terminalreporter.section("reshard file-event sweep")
+        terminalreporter.section("reshard file-event sweeps")
         for line in matrix:
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"matrix: {write_matrix(state.root, rows)}")

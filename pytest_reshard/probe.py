@@ -178,6 +178,7 @@ class Run:
         self._stop = False
         self._open: Step | None = None  # the step begin_step began
         self._last_step: int | None = None  # the last step begun (a save after it belongs to it)
+        self._files_watched = False         # filewatch records into this rank's events
         self._sigterm_handled = False   # set once stop_requested() installed the SIGTERM flag
         self._previous_sigterm: Any = None
         self._notice: ReshardNotice | None = None
@@ -362,19 +363,21 @@ class Run:
         if self.active and self._fd >= 0:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
             self._emit("exit", code=0, peak_rss=_own_peak_rss())
-            os.close(self._fd)
-            self._fd = -1
             self.active = False
+            if not self._files_watched:  # else an async save's last files are still recorded
+                os.close(self._fd)
+                self._fd = -1
 
     def _watch_files(self) -> Any:
         """Record the file events under the work folder from now on (``filewatch``); the
         watcher, which a fault may arm."""
         from pytest_reshard.filewatch import install
 
+        self._files_watched = True
         return install(self.workdir, self._emit_file, lambda: self._last_step)
 
     def _emit_file(self, **fields: Any) -> None:
-        if self._fd >= 0:  # nothing after close(): the interpreter's exit may still write files
+        if self._fd >= 0:  # after close(), too: an async save may finish at interpreter exit
             self._emit(Ev.FILE, **fields)
 
     # -- planned events --------------------------------------------------------------------

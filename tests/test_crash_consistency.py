@@ -95,26 +95,43 @@ def test_manifests_keep_final_names_and_drop_temporaries(tmp_path):
     assert wanted == {1: {"step1/a": 10, "latest": 2}, 3: {"step3/a": 10, "latest": 2}}
 
 
+def file_events(*rows):
+    """Bare events of rank 0: (step, op, path, extra) -> a file event; ("saved", step) -> the
+    workload's record of a completed save."""
+    return [{"ev": "ckpt_save", "gen": 0, "rank": 0, "step": r[1]} if r[0] == "saved" else
+            {"ev": "file", "gen": 0, "rank": 0, "op": r[1], "path": r[2], "at_step": r[0], **r[3]}
+            for r in rows]
+
+
 def test_an_async_saves_late_marker_belongs_to_the_save_that_made_its_folder():
-    events = [{"ev": "file", "op": op, "path": p, "at_step": s, **x} for s, op, p, x in [
+    events = file_events(
         (4, "mkdir", "step4", {}), (4, "close", "step4/data", {"size": 5, "crc": 1}),
         (8, "close", "step4/.done", {"size": 0, "crc": 0}),
-        (8, "mkdir", "step8", {}), (8, "close", "step8/data", {"size": 5, "crc": 2})]]
+        (8, "mkdir", "step8", {}), (8, "close", "step8/data", {"size": 5, "crc": 2}))
     assert manifests(events) == {4: {"step4/data": 5, "step4/.done": 0}, 8: {"step8/data": 5}}
 
 
+def test_a_recorded_save_names_the_files_written_before_it_however_late():
+    # an async save of step 3 whose thread only starts writing in step 4, then records it
+    events = file_events(
+        (1, "mkdir", "s2", {}), (1, "close", "s2/data", {"size": 5, "crc": 1}), ("saved", 1),
+        (4, "mkdir", "s4", {}), (4, "close", "s4/data", {"size": 5, "crc": 2}),
+        (4, "open", "s4/.done", {"raw": True}), ("saved", 3),
+        (5, "mkdir", "s6", {}))
+    assert manifests(events) == {1: {"s2/data": 5}, 3: {"s4/data": 5, "s4/.done": None}}
+    assert written(events).files["s4/.done"] == (None, None, 3)   # made by touch(): unverified
+
+
 def test_written_forgets_a_file_whose_write_was_torn():
-    events = [{"op": "open", "path": "m.pt", "at_step": 1},
-              {"op": "close", "path": "m.pt", "size": 4, "crc": 9, "at_step": 1},
-              {"op": "open", "path": "m.pt", "at_step": 3},
-              {"op": "write", "path": "m.pt", "killed": "torn", "at_step": 3}]
+    events = file_events((1, "open", "m.pt", {}), (1, "close", "m.pt", {"size": 4, "crc": 9}),
+                         (3, "open", "m.pt", {}), (3, "write", "m.pt", {"killed": "torn"}))
     assert written(events).files == {"m.pt": None}
     assert written(events[:2]).files == {"m.pt": (4, 9, 1)}
     # killed before an event: it never happened (a close's data is all written, though)
-    assert written(events[:2] + [{"op": "open", "path": "m.pt", "killed": "before"}]).files == \
-        {"m.pt": (4, 9, 1)}
-    assert written(events[:2] + [{"op": "rename", "path": "m.pt", "dst": "n.pt",
-                                  "killed": "before"}]).files == {"m.pt": (4, 9, 1)}
+    assert written(events[:2] + file_events((3, "open", "m.pt", {"killed": "before"}))).files \
+        == {"m.pt": (4, 9, 1)}
+    assert written(events[:2] + file_events(
+        (3, "rename", "m.pt", {"dst": "n.pt", "killed": "before"}))).files == {"m.pt": (4, 9, 1)}
 
 
 def test_an_in_place_file_holds_one_save_at_a_time(tmp_path):

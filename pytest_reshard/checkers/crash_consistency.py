@@ -24,6 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
+from pytest_reshard.contract import Ev
+from pytest_reshard.filewatch import MUTATIONS
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict
 
@@ -40,35 +42,63 @@ def _moved(path: str, src: str, dst: str) -> str:
     return dst + path[len(src):]
 
 
+def saves_of(events: Sequence[Mapping[str, Any]]) -> dict[int, int | None]:
+    """The save each file event (by its index in ``events``) belongs to.
+
+    A rank that records its saves (``run.checkpoint_saved(step)``, once the save is complete)
+    names them: its file events up to that record belong to that step's save, however late an
+    async save's thread wrote them. Without such a record, a file belongs to the step in
+    progress when it was closed, or to the save that created its folder in an earlier step."""
+    out: dict[int, int | None] = {}
+    pending: dict[tuple[int, int], list[int]] = {}
+    for i, e in enumerate(events):
+        if e["ev"] == Ev.CKPT_SAVE:
+            for j in pending.pop((e["gen"], e["rank"]), []):
+                out[j] = int(e["step"])
+        elif e["ev"] == Ev.FILE and e["op"] in MUTATIONS and e.get("at_step") is not None:
+            pending.setdefault((e["gen"], e["rank"]), []).append(i)   # (before a step: setup)
+    made: dict[str, int | None] = {}
+    for i, e in enumerate(events):
+        if e["ev"] != Ev.FILE or e["op"] not in MUTATIONS:
+            continue
+        step = e.get("at_step")
+        if e["op"] == "mkdir" and step is not None:
+            made[e["path"]] = out.get(i, step)
+        elif e["op"] == "rename" and e.get("dst"):
+            for d in [d for d in made if _under(d, e["path"])]:
+                made[_moved(d, e["path"], e["dst"])] = made.pop(d)
+        if i not in out:
+            folder = made.get(os.path.dirname(e["path"]))
+            out[i] = folder if folder is not None and step is not None and folder < step else step
+    return out
+
+
 class Disk:
     """The work folder as a run's file events leave it: each file's last finished write
-    ``(size, crc, save)`` (``save``: the step whose save it belongs to), None while a write to
-    it is unfinished (opened, torn), and the event that removed each file that is gone."""
+    ``(size, crc, save)`` (``save``: the step whose save it belongs to, ``saves_of``), None
+    while a write to it is unfinished (opened, torn), and the event that removed each file that
+    is gone. A file made through a raw descriptor (``Path.touch``, ``os.open``) has no size or
+    CRC on record: whatever is on disk is taken as what was written."""
 
     def __init__(self) -> None:
         self.files: dict[str, tuple[int | None, int | None, int | None] | None] = {}
-        self.made: dict[str, int] = {}            # a folder -> the step that created it
         self.removed: dict[str, Mapping[str, Any]] = {}
 
-    def apply(self, e: Mapping[str, Any]) -> list[tuple[str, str]]:
-        """Apply one event; the ``(old, new)`` paths it moved."""
-        op, path, step = e["op"], e["path"], e.get("at_step")
+    def apply(self, e: Mapping[str, Any], save: int | None) -> list[tuple[str, str]]:
+        """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
+        op, path = e["op"], e["path"]
         if e.get("killed") == "before" and op != "close":
             return []                 # killed before it: it never happened (a close's data is written)
-        if op == "mkdir" and step is not None:
-            self.made[path] = step
+        if op == "open" and e.get("raw"):
+            self.files[path] = (None, None, save)
         elif op in ("open", "truncate") or (op == "write" and e.get("killed")):
             self.files[path] = None
         elif op == "close":
-            folder = self.made.get(os.path.dirname(path))
-            save = folder if folder is not None and step is not None and folder < step else step
             self.files[path] = (e.get("size"), e.get("crc"), save)
         elif op == "rename" and e.get("dst") not in (None, "(outside)"):
             moved = [(p, _moved(p, path, e["dst"])) for p in self.files if _under(p, path)]
             for old, new in moved:
                 self.files[new] = self.files.pop(old)
-            for d in [d for d in self.made if _under(d, path)]:
-                self.made[_moved(d, path, e["dst"])] = self.made.pop(d)
             return moved
         elif op in ("unlink", "rmdir", "rmtree"):
             for p in [p for p in self.files if _under(p, path)]:
@@ -77,33 +107,44 @@ class Disk:
         return []
 
 
+def _file_events(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The file events and the save records, in order: what ``saves_of`` reads."""
+    return [e for e in events if e["ev"] in (Ev.FILE, Ev.CKPT_SAVE)]
+
+
 def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | None]]:
-    """``{step: {path: size}}``: the files each save of a (clean) run left, by final name."""
+    """``{step: {path: size}}``: the files each save of a (clean) run left, by final name.
+    ``events``: the run's rank events in order (its file events and save records)."""
+    events = _file_events(events)
+    save = saves_of(events)
     disk = Disk()
     out: dict[int, dict[str, int | None]] = {}
-    for e in events:
-        if e.get("at_step") is None:
+    for i, e in enumerate(events):
+        if e["ev"] != Ev.FILE or save.get(i) is None:
             continue
         before = dict(disk.files)
-        for old, new in disk.apply(e):
+        for old, new in disk.apply(e, save[i]):
             got = disk.files[new]
             if got is not None and got[2] in out:
                 out[got[2]][new] = out[got[2]].pop(old, got[0])
-        if e["op"] == "close":
-            size, _, save = disk.files[e["path"]] or (None, None, None)
-            out.setdefault(save, {})[e["path"]] = size
+        if e["op"] == "close" or (e["op"] == "open" and e.get("raw")):
+            size, _, k = disk.files[e["path"]] or (None, None, None)
+            out.setdefault(k, {})[e["path"]] = size
         elif e["op"] in ("unlink", "rmdir", "rmtree"):
             for p, got in before.items():     # written and removed by one save: a temporary
-                if p not in disk.files and got is not None and got[2] == e["at_step"]:
+                if p not in disk.files and got is not None and got[2] == save[i]:
                     out.get(got[2], {}).pop(p, None)
     return {k: v for k, v in out.items() if v}
 
 
 def written(events: Iterable[Mapping[str, Any]]) -> Disk:
-    """The work folder as a run's events (in order) leave it."""
+    """The work folder as a run's rank events (in order) leave it."""
+    events = _file_events(events)
+    save = saves_of(events)
     disk = Disk()
-    for e in events:
-        disk.apply(e)
+    for i, e in enumerate(events):
+        if e["ev"] == Ev.FILE:
+            disk.apply(e, save.get(i))
     return disk
 
 
@@ -137,7 +178,8 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
                 missing.setdefault((os.path.dirname(path), how), []).append(path)
             elif path in done.files and last is None:
                 wrong.append(f"`{path}` torn ({have[0]} bytes; its write never finished)")
-            elif last is not None and (int(have[0]), int(have[1])) != last[:2]:
+            elif last is not None and last[1] is not None and \
+                    (int(have[0]), int(have[1])) != last[:2]:
                 wrong.append(f"`{path}` {_differs(have, last)}")
             elif last is not None and last[2] != k:
                 wrong.append(f"`{path}` holds the save of step {last[2]}, not of step {k}")
@@ -194,7 +236,9 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                                "folder (run.workdir): the workload's checkpoints are elsewhere, "
                                "where the probe does not watch", replay=replay)
     gens = sorted(history.generations)
-    files = history.file_events()
+    files = _file_events(history.rank_events())
+    save = saves_of(files)
+    wanted = {**_unmatched(wanted, files, save), **wanted}
     problems: list[str] = []
     judged: list[str] = []
     for g, nxt in zip(gens, gens[1:]):
@@ -204,15 +248,15 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                                    "it (elastic agents restarted the ranks themselves, or the "
                                    "scenario did not record files)", generation=g, replay=replay)
         upto = [e for e in files if e["gen"] <= g]
-        reached = {e.get("at_step") for e in upto}
+        reached = {save[i] for i, e in enumerate(files) if e["gen"] <= g and i in save}
         state = judge_disk(disk, {k: v for k, v in wanted.items() if k in reached},
                            written(upto))
-        crash = describe_crash(e for e in upto if e["gen"] == g)
+        crash = describe_crash(e for e in upto if e["gen"] == g and e["ev"] == Ev.FILE)
         ended = history.generations[g]
         when = f"when generation {g} ended ({ended.cause or 'unknown'}" + \
             (f": {crash})" if crash else ")")
-        last = max((e["at_step"] for e in upto if e["gen"] == g and e.get("at_step") is not None
-                    and e["op"] != "read"), default=None)
+        last = max((k for i, k in save.items() if files[i]["gen"] == g and k is not None),
+                   default=None)
         if ended.planned and last in state.problems:
             problems.append(f"generation {g} ended as planned ({ended.cause}) after its save of "
                             f"step {last}, but that checkpoint was not complete on disk: "
@@ -262,14 +306,36 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
     """Each save's files, from the clean run at the topology of the generation that made it."""
     roles_of = {g: tuple(gen.roles) for g, gen in history.generations.items()}
     made_at: dict[int, tuple[str, ...]] = {}       # step -> the ranks that saved it
-    for e in history.file_events():
-        if e.get("at_step") is not None and e["gen"] in roles_of:
-            made_at[e["at_step"]] = roles_of[e["gen"]]
+    files = _file_events(history.rank_events())
+    for i, k in saves_of(files).items():
+        if k is not None and files[i]["gen"] in roles_of:
+            made_at[k] = roles_of[files[i]["gen"]]
     out: dict[int, Mapping[str, int | None]] = {}
     for roles in sorted(set(made_at.values())):
         for k, files in manifests_at(roles).items():
             if made_at.get(k) == roles:
                 out[k] = files
+    return out
+
+
+def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Sequence[Mapping[str, Any]],
+               save: Mapping[int, int | None]) -> dict[int, dict[str, int | None]]:
+    """What the run's saves that the clean run does not make (a planned exit's) should hold: the
+    files of the clean run's save before it, moved into the folder that save created."""
+    made: dict[int, list[str]] = {}
+    for i, k in save.items():
+        if k is not None and k not in wanted and files[i]["op"] == "mkdir":
+            made.setdefault(k, []).append(files[i]["path"])
+    out: dict[int, dict[str, int | None]] = {}
+    for k, folders in made.items():
+        before = [j for j in wanted if j < k]
+        if not before or len(folders) != 1:
+            continue
+        model = wanted[max(before)]
+        tops = {p.rsplit("/", 1)[0] for p in model if "/" in p}
+        mine = max(tops, key=lambda t: sum(p.startswith(t + "/") for p in model)) if tops else None
+        out[k] = {(folders[0] + p[len(mine):] if mine and p.startswith(mine + "/") else p): size
+                  for p, size in model.items()}
     return out
 
 
@@ -289,7 +355,8 @@ def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequen
             return f"{after}`{path}`, which did not exist"
         if have is not None and path in done.files and last is None:
             return f"{after}`{path}`, torn ({have[0]} bytes, its write never finished)"
-        if have is not None and last and (int(have[0]), int(have[1])) != last[:2]:
+        if have is not None and last and last[1] is not None and \
+                (int(have[0]), int(have[1])) != last[:2]:
             return f"{after}`{path}`, which {_differs(have, last)}"
         if path in disk and path not in before:
             before.append(path)
@@ -318,6 +385,6 @@ def _check(ctx: CheckContext) -> Verdict:
         if clean.history is None or clean.broken:
             raise LookupError(clean.broken or "no clean reference run (the history is judged on "
                               "its own), so what a complete checkpoint holds is unknown")
-        return manifests(clean.history.file_events())
+        return manifests(clean.history.rank_events())
 
     return crash_consistency(ctx.history, manifests_at)

@@ -62,10 +62,23 @@ def smallest_failing(points: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] |
     return next((p for p in points if not p["ok"]), None)
 
 
+def sweeps(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The crash points of each sweep (each test function), by its name."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in points_of(rows):
+        out.setdefault(p["name"].split("[")[0], []).append(p)
+    return out
+
+
 def matrix_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    points = points_of(rows)
-    if not points:
-        return []
+    """One matrix per sweep: each event of the save, before / torn / flip, and the verdict."""
+    lines: list[str] = []
+    for name, points in sweeps(rows).items():
+        lines += [name, *_matrix(points), ""]
+    return lines[:-1]
+
+
+def _matrix(points: Sequence[Mapping[str, Any]]) -> list[str]:
     cells: dict[tuple[int, int], dict[str, Any]] = {}
     for p in points:
         cell = cells.setdefault((p["step"], p["event"]), {"op": p["op"], "path": p["path"]})
@@ -76,16 +89,17 @@ def matrix_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for (step, event), c in cells.items():
         table.append([str(step), str(event), c["op"], c["path"], *(c.get(m, "") for m in modes)])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    lines = [f"{len(points)} crash points: {len(points) - bad} as they must be, {bad} not "
+    lines = [f"  {len(points)} crash points: {len(points) - bad} as they must be, {bad} not "
              "(a crash must pass every checker; a flipped byte must be caught)"]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+              for row in table]
     worst = smallest_failing(points)
     if worst is not None:
         why = f"({', '.join(worst['failed'])}): {worst['message']}" if worst["failed"] else \
             "(no checker noticed the flipped byte)"
-        lines.append(f"smallest failing point: {worst['name']} {why}")
+        lines.append(f"  smallest failing point: {worst['name']} {why}")
         if worst.get("replay"):
-            lines.append(f"  replay: {worst['replay']}")
+            lines.append(f"    replay: {worst['replay']}")
     return lines
 
 
@@ -105,16 +119,21 @@ def write_matrix(folder: Path, rows: Sequence[Mapping[str, Any]]) -> Path | None
                     f'<td>{escape(p["path"])}</td><td>{escape(p["mode"])}</td>'
                     f'<td class="{"pass" if p["ok"] else "fail"}">{cell}</td>'
                     f'<td>{escape(p["message"])}</td></tr>')
-    worst = smallest_failing(points)
-    replay = (f'<p id="smallest">smallest failing point: {escape(worst["name"])}<br>'
-              f'<code>{escape(worst.get("replay") or "")}</code></p>') if worst else ""
+    tables = []
+    for name, mine in sweeps(rows).items():
+        worst = smallest_failing(mine)
+        replay = (f'<p class="smallest">smallest failing point: {escape(worst["name"])}<br>'
+                  f'<code>{escape(worst.get("replay") or "")}</code></p>') if worst else ""
+        tables.append(f'<h2>{escape(name)}</h2>{replay}<table class="sweep"><tr><th>step</th>'
+                      '<th>event</th><th>op</th><th>path</th><th>mode</th><th>verdict</th>'
+                      '<th>what happened</th></tr>'
+                      + "".join(body[points.index(p)] for p in mine) + "</table>")
     page = folder / "sweep.html"
     page.write_text(f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>file-event sweep</title>
 <style>body{{font-family:sans-serif}} td,th{{padding:2px 8px;text-align:left}}
 .pass{{background:#dfd}} .fail{{background:#fdd}} .unknown{{background:#ffd}}</style></head>
-<body><h1>file-event sweep</h1>{replay}
-<table id="sweep"><tr><th>step</th><th>event</th><th>op</th><th>path</th><th>mode</th><th>verdict</th><th>what happened</th></tr>
-{"".join(body)}</table></body></html>
+<body><h1>file-event sweep</h1>
+{"".join(tables)}</body></html>
 """)
     return page
