@@ -88,6 +88,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--torchft-hook", action="store_true",
                    help="torchft 0.2.0's own DDP comm hook, which kills a surviving group when a "
                         "peer group dies mid all-reduce (see _ddp_class)")
+    p.add_argument("--on-shrink", choices=["auto", "exit", "continue"], default="auto",
+                   help="when the quorum lost a replica group: exit (auto: under our harness, "
+                        "which relaunches the whole world, unless TORCHFT_MEMBERSHIP=1) or train "
+                        "on with the groups left (torchft's behaviour; auto elsewhere)")
     p.add_argument("--bug-skip-heal", action="store_true",
                    help="bug: a healing group ignores the state torchft received for it")
     p.add_argument("--world-size", type=int, default=2, help="__main__'s launcher only")
@@ -255,6 +259,10 @@ def main(argv: list[str] | None = None) -> None:
         wstore.add(ready, 1)
         while wstore.add(ready, 0) < world:
             time.sleep(0.01)
+        # ...and their first heartbeats (every 100 ms) must have reached the Lighthouse: one that
+        # has not is not waited for, and a quorum of one can still form at step 0 (seen once
+        # in ~10 runs under the harness on 2 loaded cores before this wait)
+        time.sleep(0.5)
     model = (DistributedDataParallel if args.torchft_hook else _ddp_class())(manager, net)
     optimizer = Optimizer(manager, inner_opt)
 
@@ -270,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
     start = manager.current_step()
     run.resumed(step=start, source="checkpoint" if start else "fresh")
 
+    shrink_exits = {"exit": True, "continue": False}.get(
+        args.on_shrink, run.active and os.environ.get("TORCHFT_REJOIN") is None
+        and os.environ.get("TORCHFT_MEMBERSHIP") != "1")
     sampler_iter = None
     if args.data == "sampler":
         sampler = DistributedSampler(range(n_samples), replica_rank=group,
@@ -286,7 +297,21 @@ def main(argv: list[str] | None = None) -> None:
     while manager.current_step() < args.steps:
         t0 = time.time()
         optimizer.zero_grad()  # torchft: start the quorum (sync: wait for it, heal if behind)
+        if args.quorum == "async":
+            # the step number is the quorum's (a healer jumps to the donor's): wait for it; the
+            # heal itself is still applied only in should_commit, as torchft's async mode does
+            manager.wait_quorum()
         step = manager.current_step()
+        if run.stop_requested() or run.reshard_requested():
+            break
+        if shrink_exits and manager.num_participants() < args.groups:
+            # A launcher that relaunches the whole world on a death (our harness today) gives
+            # the survivors failure_grace_s (5 s) to exit; torchft's survivor instead waits the
+            # Lighthouse's heartbeat timeout (5 s) and trains on alone: a race whose loser
+            # resumes, after the relaunch, from an older checkpoint than its peer, which ran the
+            # remaining steps by itself. So under such a launcher the survivor ends here.
+            raise SystemExit(f"torchft: the quorum has {manager.num_participants()} of "
+                             f"{args.groups} replica groups; the launcher relaunches the world")
         for at, d in healed:
             log("healed", step=at, digest=d, quorum_s=time.time() - t0)
             run.checkpoint_loaded(at - 1, d, source="torchft-heal")
@@ -337,7 +362,14 @@ def main(argv: list[str] | None = None) -> None:
     log("exit", step=manager.current_step())
     run.close()
     manager.shutdown(wait=False)
+    done = f"torchft/done/{incarnation}"
+    wstore.add(done, 1)
     if lighthouse_server is not None:
+        # The Lighthouse lives in this process: keep it up until every rank is through, or a
+        # group still behind (one that resumed from an older checkpoint after a relaunch of the
+        # world, while this one had already finished) loses its Lighthouse and hangs.
+        while wstore.add(done, 0) < world:
+            time.sleep(0.05)
         lighthouse_server.shutdown()
 
 
