@@ -68,7 +68,20 @@ class FilePoint:
 
     def judge(self, result: Any) -> None:
         """Assert what this point must show: a crash (before, torn) passes every checker; a
-        flipped byte must be caught by some checker (the resume read corrupted state)."""
+        flipped byte must be caught by some checker (the resume read corrupted state). First,
+        that the kill hit the event the recording named (else the point tested something else:
+        an async save's thread orders its events differently from run to run)."""
+        hit = next((e for e in result.history.file_events()        # the armed event
+                    if e.get("killed") or e.get("flip") is True), None)
+        if hit is None:
+            raise AssertionError(f"{self.describe()}: the kill never fired: the rank made fewer "
+                                 f"than {self.event} file events from the start of step "
+                                 f"{self.step} (the recorded save had more)")
+        if hit["op"] != self.op or masked(hit["path"]) != masked(self.path):
+            raise AssertionError(f"{self.describe()}: the kill hit `{hit['op']} {hit['path']}` "
+                                 "instead, so this point did not test what it names: the save's "
+                                 "file events are not in the same order in every run (an async "
+                                 "save's thread?)")
         if self.mode != "flip":
             result.assert_ok()
         elif result.ok:
