@@ -107,9 +107,13 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
     with ``flip``, one more per data file closed (a byte flipped after it is written)."""
     saves = save_steps(events, rank)
     if not saves:
+        others = sorted({e["rank"] for e in events if e["ev"] == Ev.FILE and e["op"] in MUTATIONS
+                         and e.get("at_step") is not None})
         raise ValueError(f"the clean run made no file event on rank {rank} under the work "
-                         "folder: does the workload write its checkpoints under run.workdir "
-                         "(the harness's work folder)?")
+                         "folder" + (f"; rank(s) {', '.join(map(str, others))} did: sweep one "
+                                     f"of them (reshard_sweep(rank={others[0]}))" if others else
+                                     ": does the workload write its checkpoints under "
+                                     "run.workdir (the harness's work folder)?"))
     step = save_step if save_step is not None else saves[min(1, len(saves) - 1)]
     if step not in saves:
         raise ValueError(f"save_step={step}: rank {rank} wrote no file in step {step}; it "
