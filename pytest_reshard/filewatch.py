@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["install", "installed", "snapshot", "MUTATIONS"]
+__all__ = ["install", "snapshot", "MUTATIONS"]
 
 #: The ops a kill may target, in the order a save usually does them.
 MUTATIONS = ("mkdir", "open", "write", "fsync", "close", "rename", "symlink", "link", "truncate",
@@ -56,10 +56,6 @@ _CHUNK = 1 << 20
 
 _WATCHER: "Watcher | None" = None
 _ORIGINAL_OPEN = io.open
-
-
-def installed() -> "Watcher | None":
-    return _WATCHER
 
 
 def install(root: Path, emit: Callable[..., None], step: Callable[[], int | None]) -> "Watcher":

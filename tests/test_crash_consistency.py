@@ -36,7 +36,7 @@ class Run:
         self.events.append({"ev": ev, "t": self.t, **fields})
 
     def generation(self, *, steps, files=(), load=None, resume=None, cause="complete",
-                   disk=None, started=True):
+                   disk=None, started=True, saved=()):
         self.gen += 1
         g = self.gen
         self._add("gen_start", gen=g, world_size=1, roles=["trainer"], launcher="local")
@@ -62,6 +62,8 @@ class Run:
                     break
             else:
                 self._add("end", gen=g, rank=0, step=s)
+                if s in saved:   # the workload records the save as complete
+                    self._add("ckpt_save", gen=g, rank=0, step=s, digest={})
                 continue
             break
         for op, path, extra in by_step.pop(None, ()):   # before any step (a resume's reads)
@@ -149,7 +151,7 @@ def test_an_in_place_file_holds_one_save_at_a_time(tmp_path):
 def test_a_checkpoint_deleted_before_the_next_is_complete_is_named(tmp_path):
     wanted = {1: {"step1/a": 10}, 3: {"step3/a": 10}}
     run = Run()
-    run.generation(steps=range(4), cause="failure", files=[
+    run.generation(steps=range(4), cause="failure", saved=[1], files=[
         (1, "mkdir", "step1", {}), (1, "close", "step1/a", {"size": 10, "crc": 1}),
         (3, "rmtree", "step1", {}), (3, "mkdir", "step3", {}),
         (3, "open", "step3/a", {"killed": "before"})], disk={})
@@ -157,6 +159,7 @@ def test_a_checkpoint_deleted_before_the_next_is_complete_is_named(tmp_path):
     v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
     assert v.status == "fail"
     assert "no checkpoint was complete" in v.message
+    assert "though the save of step 1 had been completed" in v.message
     assert "step 1: `step1/a` removed by `rmtree step1` in step 3" in v.message
 
 
@@ -229,6 +232,17 @@ def test_a_planned_exit_must_leave_its_last_save_complete(tmp_path):
     assert v.status == "fail"
     assert "ended as planned (reshard) after its save of step 4" in v.message
     assert "`step4/.done` missing" in v.message
+
+
+def test_a_crash_in_the_first_save_may_start_from_scratch(tmp_path):
+    wanted = {1: {"step1/a": 10}, 3: {"step3/a": 10}}
+    run = Run()
+    run.generation(steps=range(2), cause="failure", files=[
+        (1, "mkdir", "step1", {}), (1, "open", "step1/a", {"killed": "before"})], disk={})
+    run.generation(steps=range(6), disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "pass", v.message
+    assert "started from scratch: no checkpoint was complete" in v.message
 
 
 def test_without_a_reference_it_says_unknown(tmp_path):

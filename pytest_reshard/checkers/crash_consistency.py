@@ -91,6 +91,8 @@ class Disk:
             return []                 # killed before it: it never happened (a close's data is written)
         if op == "open" and e.get("raw"):
             self.files[path] = (None, None, save)
+        elif op == "copy" and e.get("dst") not in (None, "(outside)"):
+            self.files[e["dst"]] = (None, None, save)   # a copy's bytes are not on record
         elif op in ("open", "truncate") or (op == "write" and e.get("killed")):
             self.files[path] = None
         elif op == "close":
@@ -241,6 +243,11 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     wanted = {**_unmatched(wanted, files, save), **wanted}
     problems: list[str] = []
     judged: list[str] = []
+
+    def claimed(g: int) -> set[int]:
+        """The steps whose saves the workload recorded as complete up to generation ``g``."""
+        return {c.step for c in history.checkpoints("save") if c.gen <= g}
+
     for g, nxt in zip(gens, gens[1:]):
         disk = history.disk(g)
         if disk is None:
@@ -281,14 +288,19 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                             f"{'scratch' if step is None else f'step {step}'}, a rewind beyond "
                             f"the newest complete checkpoint: step {newest} ({', '.join(skipped)}) "
                             f"was complete {when}")
-        elif newest is None and step is None and state.problems:
-            each = "; ".join(f"step {k}: {', '.join(why)}"
-                             for k, why in sorted(state.problems.items(), reverse=True))
+        elif newest is None and step is None and (destroyed := [
+                k for k in state.problems if k != last and k in claimed(g)]):
+            # an earlier save the workload had recorded complete was broken by a later one
+            each = "; ".join(f"step {k}: {', '.join(state.problems[k])}"
+                             for k in sorted(state.problems, reverse=True))
             problems.append(f"no checkpoint was complete {when}, so generation {started} started "
-                            f"from scratch ({each})")
+                            f"from scratch, though the save of step {max(destroyed)} had been "
+                            f"completed ({each})")
+        elif step is None:
+            judged.append(f"generation {started} started from scratch: no checkpoint was "
+                          f"complete {when}")
         else:
-            judged.append(f"generation {started} resumed from "
-                          f"{'scratch' if step is None else f'step {step} ({source})'}, the "
+            judged.append(f"generation {started} resumed from step {step} ({source}), the "
                           f"newest complete {when}")
     if problems:
         return Verdict.failed(CHECK, problems[0] + (f" (and {len(problems) - 1} more)"
