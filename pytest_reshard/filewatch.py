@@ -16,7 +16,7 @@ event in the rank's history, in the order it happened, from any thread:
   still writes the file itself (the bytes are exactly production's). A kill "before" the write
   leaves the file created and empty; a torn write is the whole file cut to the torn length
   afterwards, the state a kill mid-write leaves. Both are patched as soon as torch / safetensors
-  is imported.
+  is imported, and every name an imported module already bound to them is rebound.
 
 Not seen: writes through a raw descriptor (``os.open`` + ``os.write``, ``io.FileIO``,
 ``tempfile``'s files: their ``open`` is seen, their writes and close are not), ``mmap``, other
@@ -391,7 +391,7 @@ def _patch_torch(torch: Any) -> None:
         return watcher.native_write(f, lambda: original(obj, f, *args, **kwargs))
 
     save.__wrapped__ = original  # type: ignore[attr-defined]
-    torch.save = torch.serialization.save = save
+    _rebind(original, save)
 
 
 def _patch_safetensors(module: Any) -> None:
@@ -404,7 +404,20 @@ def _patch_safetensors(module: Any) -> None:
         return watcher.native_write(filename, lambda: original(tensors, filename, *args, **kwargs))
 
     save_file.__wrapped__ = original  # type: ignore[attr-defined]
-    module.save_file = save_file
+    _rebind(original, save_file)
+
+
+def _rebind(original: Any, wrapper: Any) -> None:
+    """Point every imported module's name for ``original`` at ``wrapper``: a framework imported
+    before the probe attached holds its own reference (``from safetensors.torch import save_file
+    as safe_save_file`` in transformers)."""
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)
+        if not isinstance(names, dict):
+            continue
+        for name, value in list(names.items()):
+            if value is original:
+                names[name] = wrapper
 
 
 def _after_import(name: str, patch: Callable[[Any], None]) -> None:

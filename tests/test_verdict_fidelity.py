@@ -97,6 +97,25 @@ def test_a_per_rank_component_loaded_but_never_saved_by_that_rank_fails() -> Non
     assert (v.step, v.rank, v.generation) == (5, 1, 1)
 
 
+def test_a_rank_killed_while_writing_its_save_is_unknown_not_a_fail() -> None:
+    """Killed at a file event of the save after writing some of its files: its record of the
+    save is what is missing, maybe not the RNG file."""
+    b = _saves_and_loads({0: {**DIGEST, "rng": "r0"}},
+                         {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}})
+    b.rank(0, 1, "fault", step=5, phase="begin", kind="kill_at_file_event", id=0, params={})
+    b.rank(0, 1, "file", op="close", path="ckpt/rng_1.pt", at_step=5, size=4, crc=1)
+    b.rank(0, 1, "file", op="open", path="ckpt/state.json", at_step=5, killed="before")
+    v = state_equivalence(b.history())
+    assert v.status == "unknown", v
+    assert "rank 1 loaded its rng for step 5 in generation 1, but it was killed in the middle " \
+           "of writing that save" in v.message
+    # killed at the save's first file event: it wrote nothing, so its file is missing: a fail
+    b = _saves_and_loads({0: {**DIGEST, "rng": "r0"}},
+                         {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}})
+    b.rank(0, 1, "file", op="open", path="ckpt/rng_1.pt", at_step=5, killed="before")
+    assert state_equivalence(b.history()).status == "fail"
+
+
 def test_per_rank_components_are_compared_rank_by_rank() -> None:
     good = _saves_and_loads({0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}},
                             {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}})

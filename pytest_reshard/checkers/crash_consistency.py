@@ -273,9 +273,17 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
         started = next((x for x in later if history.begun(x)), None)
         if started is None:
             unreadable = _unreadable(history, later, disk, written(upto))
+            broken = [k for k in state.problems if state.newest is None or k > state.newest]
             if unreadable:
                 problems.append(f"the job could not start again: generation {nxt} read "
                                 f"{unreadable}, {when}")
+            elif broken:   # it looked at them without opening them (os.path.isfile, listdir)
+                k = max(broken)
+                problems.append(f"the job could not start again after generation {g} left the "
+                                f"checkpoint of step {k} incomplete ({when}: "
+                                f"{'; '.join(state.problems[k])}): a resume that takes the "
+                                "newest checkpoint without checking it is complete fails so; "
+                                "the error is in the ranks' logs (see liveness)")
             continue
         step, source = _resumed_from(history, started)
         newest = state.newest
@@ -307,9 +315,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                                                      if len(problems) > 1 else ""),
                               details={"problems": problems}, replay=replay)
     if not judged:
-        return Verdict.passed(CHECK, "no generation resumed from the work folder; every "
-                              f"checkpoint of the run's {len(wanted)} saves was written",
-                              replay=replay)
+        return Verdict.passed(CHECK, "no generation resumed from the work folder", replay=replay)
     return Verdict.passed(CHECK, "; ".join(judged), replay=replay)
 
 

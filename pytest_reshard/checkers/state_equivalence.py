@@ -173,6 +173,15 @@ def state_equivalence(history: History) -> Verdict:
                 if mine:
                     baseline[comp] = (earlier[(mine[0], rank, step)].digest[comp],
                                       f"saved by rank {rank} in generation {mine[0]}", mine[0])
+                elif _killed_while_writing(history, rank, gen, step):
+                    # killed at a file event of that save after it had written files: its
+                    # record of the save is missing, its file may not be
+                    text = (f"rank {rank} loaded its {comp} for step {step} in generation {gen}, "
+                            f"but it was killed in the middle of writing that save, after some "
+                            f"of its files and before it recorded the save: no saved digest to "
+                            f"compare with (crash_consistency judges the files)")
+                    if text not in unverified:
+                        unverified.append(text)
                 else:
                     others = sorted({r for (g, r, _), s in earlier.items() if comp in s.digest})
                     by = (f"; rank{'s' if len(others) > 1 else ''} "
@@ -381,3 +390,16 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
                       "component by component")
 def _check(ctx: CheckContext) -> Verdict:
     return state_equivalence(ctx.history)
+
+
+def _killed_while_writing(history: History, rank: int, gen: int, step: int) -> bool:
+    """``rank`` was killed at a file event of a save of ``step`` or later, in a generation
+    before ``gen``, after it had finished writing a file of that save."""
+    closed = False
+    for e in history.file_events():
+        if e["rank"] != rank or e["gen"] >= gen or (e.get("at_step") or -1) < step:
+            continue
+        if e.get("killed"):
+            return closed
+        closed = closed or e["op"] == "close"
+    return False
