@@ -36,7 +36,6 @@ import hashlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
