@@ -122,10 +122,8 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
     start = next(i for i, e in enumerate(mine) if e["ev"] == Ev.BEGIN and e["step"] == step)
     made: list[str] = []             # folders the save created
     out: list[FilePoint] = []
-    n = 0
     later = [e for e in mine[start:] if e["ev"] == Ev.FILE and e["op"] in MUTATIONS]
-    for i, e in enumerate(later):
-        n += 1
+    for n, e in enumerate(later, 1):   # n: the count the kill fires at
         op, path = e["op"], e["path"]
         ours = e.get("at_step") == step or (op not in REMOVALS and any(
             path == d or path.startswith(d + "/") for d in made))   # an async save's tail
@@ -137,7 +135,7 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
             made.append(e["dst"])
         out.append(FilePoint(step, n, op, path, "before", rank))
         if op == "write":
-            end = next((x.get("written") for x in later[i + 1:]
+            end = next((x.get("written") for x in later[n:]
                         if x["path"] == path and x["op"] in ("fsync", "close")), None)
             start_at = int(e.get("offset") or 0)
             if end is not None and end - start_at >= 2:
@@ -152,6 +150,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
     """``pytest_generate_tests`` for a test that asks for ``file_point``."""
     import pytest
 
+    from pytest_reshard.plugin import resolve_workload
     from pytest_reshard.refcache import workload_files
     from pytest_reshard.session import scenario_from
     from pytest_reshard.workloads import resolve
@@ -171,14 +170,12 @@ def parametrize(metafunc: Any, state: Any) -> None:
         raise pytest.UsageError(f"{where}: reshard_sweep takes save_step=, rank= and flip=, "
                                 f"not {', '.join(sweep_opts)}")
     s = state.settings
-    from pytest_reshard.plugin import resolve_workload
-
     workload = resolve_workload(workload, Path(metafunc.definition.path))
-    opts.pop("timeout", None)
+    seed, timeout = opts.pop("seed", None), opts.pop("timeout", None)
     scenario = scenario_from(
         workload, world_size=int(opts.pop("world_size", 4)), steps=int(opts.pop("steps", 20)),
-        seed=int(opts.pop("seed", None) or s["reshard_seed"]), files=True,
-        timeout_s=float(s["reshard_timeout"]),
+        seed=int(s["reshard_seed"] if seed is None else seed), files=True,
+        timeout_s=float(timeout or s["reshard_timeout"]),
         launcher=opts.pop("launcher", None) or s["reshard_launcher"],
         backend=opts.pop("backend", None) or s["reshard_backend"],
         args=[str(a) for a in opts.pop("args", ())], **opts)
