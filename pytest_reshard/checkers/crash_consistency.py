@@ -57,19 +57,47 @@ def saves_of(events: Sequence[Mapping[str, Any]]) -> dict[int, int | None]:
                 out[j] = int(e["step"])
         elif e["ev"] == Ev.FILE and e["op"] in MUTATIONS and e.get("at_step") is not None:
             pending.setdefault((e["gen"], e["rank"]), []).append(i)   # (before a step: setup)
-    made: dict[str, int | None] = {}
+    containers = _containers(events)
+    made: dict[str, int | None] = {}   # a folder -> the save that created it (the first)
+    for i, e in enumerate(events):
+        if e["ev"] == Ev.FILE and e["op"] == "mkdir" and i in out:
+            made.setdefault(e["path"], out[i])   # a recorded save's folder, whoever made it first
     for i, e in enumerate(events):
         if e["ev"] != Ev.FILE or e["op"] not in MUTATIONS:
             continue
         step = e.get("at_step")
         if e["op"] == "mkdir" and step is not None:
-            made[e["path"]] = out.get(i, step)
+            made.setdefault(e["path"], out.get(i, step))
         elif e["op"] == "rename" and e.get("dst"):
             for d in [d for d in made if _under(d, e["path"])]:
                 made[_moved(d, e["path"], e["dst"])] = made.pop(d)
         if i not in out:
-            folder = made.get(os.path.dirname(e["path"]))
+            parent = os.path.dirname(e["path"])
+            folder = made.get(parent) if parent not in containers else None
             out[i] = folder if folder is not None and step is not None and folder < step else step
+    return out
+
+
+def _containers(events: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Folders that hold many saves, not one (``ckpt/``): a later step creates a folder in
+    them, or they get files of three steps or more. A save's own folder gets its files in one
+    step, and at most a marker later."""
+    made: dict[str, int] = {}
+    steps: dict[str, set[int]] = {}
+    out: set[str] = set()
+    for e in events:
+        step = e.get("at_step")
+        if e["ev"] != Ev.FILE or step is None:
+            continue
+        parent = os.path.dirname(e["path"])
+        if e["op"] == "mkdir":
+            made.setdefault(e["path"], step)
+            if parent in made and made[parent] < step:
+                out.add(parent)
+        elif e["op"] == "close":
+            steps.setdefault(parent, set()).add(step)
+            if len(steps[parent]) >= 3:
+                out.add(parent)
     return out
 
 
@@ -81,26 +109,39 @@ class Disk:
     CRC on record: whatever is on disk is taken as what was written."""
 
     def __init__(self) -> None:
-        self.files: dict[str, tuple[int | None, int | None, int | None] | None] = {}
+        self.files: dict[str, tuple[Any, Any, int | None] | None] = {}
         self.removed: dict[str, Mapping[str, Any]] = {}
+        #: path -> {save: (size, crc)}: what each save wrote there (a file each save rewrites
+        #: with the same bytes holds every one of them)
+        self.by_save: dict[str, dict[int | None, tuple[Any, Any]]] = {}
+
+    def _put(self, path: str, size: Any, crc: Any, save: int | None) -> None:
+        self.files[path] = (size, crc, save)
+        self.by_save.setdefault(path, {})[save] = (size, crc)
 
     def apply(self, e: Mapping[str, Any], save: int | None) -> list[tuple[str, str]]:
         """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
         op, path = e["op"], e["path"]
         if e.get("killed") == "before" and op != "close":
             return []                 # killed before it: it never happened (a close's data is written)
+        dst = e.get("dst")
         if op == "open" and e.get("raw"):
-            self.files[path] = (None, None, save)
-        elif op == "copy" and e.get("dst") not in (None, "(outside)"):
-            self.files[e["dst"]] = (None, None, save)   # a copy's bytes are not on record
+            self._put(path, None, None, save)
+        elif op in ("copy", "rename") and path == "(outside)" and dst not in (None, "(outside)"):
+            self._put(dst, None, None, save)   # bytes from outside the folder: not on record
+        elif op == "copy" and dst not in (None, "(outside)"):
+            self._put(dst, None, None, save)
+        elif op == "symlink":
+            self._put(path, -1, "-> " + str(e.get("target")), save)   # as the snapshot shows it
         elif op in ("open", "truncate") or (op == "write" and e.get("killed")):
             self.files[path] = None
         elif op == "close":
-            self.files[path] = (e.get("size"), e.get("crc"), save)
-        elif op == "rename" and e.get("dst") not in (None, "(outside)"):
-            moved = [(p, _moved(p, path, e["dst"])) for p in self.files if _under(p, path)]
+            self._put(path, e.get("size"), e.get("crc"), save)
+        elif op == "rename" and dst not in (None, "(outside)"):
+            moved = [(p, _moved(p, path, dst)) for p in self.files if _under(p, path)]
             for old, new in moved:
                 self.files[new] = self.files.pop(old)
+                self.by_save[new] = self.by_save.pop(old, {})
             return moved
         elif op in ("unlink", "rmdir", "rmtree"):
             for p in [p for p in self.files if _under(p, path)]:
@@ -129,14 +170,36 @@ def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | 
             got = disk.files[new]
             if got is not None and got[2] in out:
                 out[got[2]][new] = out[got[2]].pop(old, got[0])
-        if e["op"] == "close" or (e["op"] == "open" and e.get("raw")):
-            size, _, k = disk.files[e["path"]] or (None, None, None)
-            out.setdefault(k, {})[e["path"]] = size
+        target = e.get("dst") if e["path"] == "(outside)" else e["path"]
+        if e["op"] in ("close", "symlink") or (e["op"] == "open" and e.get("raw")) or \
+                (e["op"] in ("copy", "rename") and e["path"] == "(outside)"):
+            got = disk.files.get(target)
+            if got is not None:
+                out.setdefault(got[2], {})[target] = got[0] if e["op"] == "close" else None
         elif e["op"] in ("unlink", "rmdir", "rmtree"):
             for p, got in before.items():     # written and removed by one save: a temporary
                 if p not in disk.files and got is not None and got[2] == save[i]:
                     out.get(got[2], {}).pop(p, None)
+    for path in _logs(events):                 # written more often than saved: not a checkpoint
+        for files in out.values():
+            files.pop(path, None)
     return {k: v for k, v in out.items() if v}
+
+
+def _logs(events: Sequence[Mapping[str, Any]]) -> set[str]:
+    """Paths a rank closed in two different steps between two of its recorded saves: a log or
+    a metrics file, not part of a checkpoint (a save writes each of its files once)."""
+    out: set[str] = set()
+    seen: dict[tuple[int, int], dict[str, int]] = {}   # (gen, rank) -> path -> step closed
+    for e in events:
+        key = (e["gen"], e["rank"])
+        if e["ev"] == Ev.CKPT_SAVE:
+            seen[key] = {}
+        elif e["op"] == "close" and e.get("at_step") is not None and key in seen:
+            first = seen[key].setdefault(e["path"], e["at_step"])
+            if first != e["at_step"]:
+                out.add(e["path"])
+    return out
 
 
 def written(events: Iterable[Mapping[str, Any]]) -> Disk:
@@ -156,10 +219,16 @@ class Checkpoints:
 
     complete: list[int] = field(default_factory=list)
     problems: dict[int, list[str]] = field(default_factory=dict)   # step -> what is wrong
+    unverified: dict[int, list[str]] = field(default_factory=dict)  # step -> files not on record
 
     @property
     def newest(self) -> int | None:
         return max(self.complete) if self.complete else None
+
+
+def _entry(have: Sequence[Any]) -> tuple[Any, Any]:
+    """A snapshot entry as the pair the run's records use: (size, crc), (-1, "-> target")."""
+    return (have[0], have[1])
 
 
 def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[str, int | None]],
@@ -173,6 +242,7 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
         for path, size in sorted(wanted[k].items()):
             have = disk.get(path)
             last = done.files.get(path)
+            mine = done.by_save.get(path, {}).get(k)
             if have is None:
                 gone = done.removed.get(path) if path not in done.files else None
                 how = f"removed by `{gone['op']} {gone['path']}` in step {gone.get('at_step')}" \
@@ -180,11 +250,26 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
                 missing.setdefault((os.path.dirname(path), how), []).append(path)
             elif path in done.files and last is None:
                 wrong.append(f"`{path}` torn ({have[0]} bytes; its write never finished)")
-            elif last is not None and last[1] is not None and \
-                    (int(have[0]), int(have[1])) != last[:2]:
+            elif last is not None and last[1] is None:
+                if have[0] != 0:      # an empty marker is what it is; anything else: unverified
+                    out.unverified.setdefault(k, []).append(path)
+            elif last is not None and _entry(have) != last[:2]:
                 wrong.append(f"`{path}` {_differs(have, last)}")
-            elif last is not None and last[2] != k:
+            elif last is not None and last[2] is not None and last[2] < k and \
+                    mine != _entry(have):
                 wrong.append(f"`{path}` holds the save of step {last[2]}, not of step {k}")
+            elif last is not None and last[2] != k and mine != _entry(have):
+                # written by a later save, or by this one counted as later (an async save's
+                # thread that no record names): its bytes cannot be told from this save's
+                out.unverified.setdefault(k, []).append(path)
+        unnamed = sorted(p for p, by in done.by_save.items() if k in by and p in disk
+                         and p not in wanted[k])
+        if unnamed and sum(map(len, missing.values())) == len(wanted[k]) and \
+                {os.path.basename(p) for p in unnamed} == {os.path.basename(p) for p in wanted[k]}:
+            # none of the clean run's names, the same files under another folder name: names
+            # that differ from run to run (a run id, a timestamp), not a lost checkpoint
+            out.unverified.setdefault(k, []).extend(unnamed)
+            continue
         for (folder, how), paths in missing.items():
             wrong.insert(0, f"`{paths[0]}` {how}" if len(paths) == 1 else
                          f"`{folder}/` ({len(paths)} files) {how}")
@@ -207,16 +292,27 @@ def describe_crash(events: Iterable[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def _resumed_from(history: History, gen: int) -> tuple[int | None, str]:
-    """The step whose state generation ``gen`` loaded (None: it started from scratch)."""
-    loads = history.checkpoints("load", gen=gen)
-    if loads:
-        first = min(loads, key=lambda c: c.index)
-        return first.step, str(first.info.get("source") or "checkpoint")
+def _resumed_from(history: History, gen: int) -> tuple[list[int | None], str]:
+    """The steps whose state generation ``gen``'s ranks loaded before their first step (None:
+    from scratch), one per rank that recorded a load, else the generation's declared resume."""
+    first_begin: dict[int, int] = {}
+    for i, e in enumerate(history.rank_events(gen=gen)):
+        if e["ev"] == Ev.BEGIN:
+            first_begin.setdefault(e["rank"], i)
+    events = history.rank_events(gen=gen)
+    loads = {}
+    for i, e in enumerate(events):
+        if e["ev"] == Ev.CKPT_LOAD and i < first_begin.get(e["rank"], len(events)):
+            loads.setdefault(e["rank"], e)
     g = history.generations[gen]
+    if loads:
+        steps = [int(e["step"]) for _, e in sorted(loads.items())]
+        source = next((str(e.get("source")) for e in loads.values() if e.get("source")),
+                      g.resume_source or "checkpoint")
+        return steps, source
     if g.resume_step is None or g.resume_step <= 0:
-        return None, "fresh"
-    return g.resume_step - 1, "checkpoint"
+        return [None], "fresh"
+    return [g.resume_step - 1], g.resume_source or "checkpoint"
 
 
 Manifests = Mapping[int, Mapping[str, "int | None"]]
@@ -243,6 +339,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     wanted = {**_unmatched(wanted, files, save), **wanted}
     problems: list[str] = []
     judged: list[str] = []
+    cannot: list[str] = []             # why a transition could not be judged
 
     def claimed(g: int) -> set[int]:
         """The steps whose saves the workload recorded as complete up to generation ``g``."""
@@ -251,11 +348,13 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     for g, nxt in zip(gens, gens[1:]):
         disk = history.disk(g)
         if disk is None:
-            return Verdict.unknown(CHECK, f"no record of the work folder as generation {g} left "
-                                   "it (elastic agents restarted the ranks themselves, or the "
-                                   "scenario did not record files)", generation=g, replay=replay)
+            cannot.append(f"no record of the work folder as generation {g} left it (elastic "
+                          "agents restarted the ranks themselves, or the scenario did not "
+                          "record files)")
+            continue
         upto = [e for e in files if e["gen"] <= g]
-        reached = {save[i] for i, e in enumerate(files) if e["gen"] <= g and i in save}
+        reached = {save[i] for i, e in enumerate(files) if e["gen"] <= g and i in save} | {
+            k for x in gens if x <= g for k in history.begun(x)}   # its saves, the steps it began
         state = judge_disk(disk, {k: v for k, v in wanted.items() if k in reached},
                            written(upto))
         crash = describe_crash(e for e in upto if e["gen"] == g and e["ev"] == Ev.FILE)
@@ -285,17 +384,36 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                                 "newest checkpoint without checking it is complete fails so; "
                                 "the error is in the ranks' logs (see liveness)")
             continue
-        step, source = _resumed_from(history, started)
-        newest = state.newest
+        steps, source = _resumed_from(history, started)
+        if len(set(steps)) > 1:
+            problems.append(f"the ranks of generation {started} resumed from different steps "
+                            f"({', '.join('scratch' if k is None else str(k) for k in steps)}, "
+                            f"rank by rank), {when}")
+            continue
+        step, newest = steps[0], state.newest
+        if step is not None and step not in wanted and source != "emergency":
+            cannot.append(f"generation {started} resumed from step {step}, a save the clean "
+                          "reference run does not make: what it should hold is unknown")
+            continue
+        doubt = [k for k in state.unverified if step is None or k >= step]
+        rewind = newest is not None and (step is None or step < newest)
         if step is not None and step in state.problems and source != "emergency":
             problems.append(f"generation {started} resumed from step {step}, whose checkpoint "
                             f"was not complete {when}: {'; '.join(state.problems[step])}")
-        elif newest is not None and (step is None or step < newest):
+        elif rewind and newest not in doubt:
             skipped = sorted({os.path.dirname(p) + "/" if "/" in p else p for p in wanted[newest]})
             problems.append(f"generation {started} resumed from "
                             f"{'scratch' if step is None else f'step {step}'}, a rewind beyond "
                             f"the newest complete checkpoint: step {newest} ({', '.join(skipped)}) "
                             f"was complete {when}")
+        elif doubt and source != "emergency":
+            k = max(doubt)
+            cannot.append(f"generation {started} resumed from "
+                          f"{'scratch' if step is None else f'step {step}'}, but the "
+                          f"checkpoint of step {k} cannot be verified: "
+                          f"{', '.join(f'`{p}`' for p in state.unverified[k])} (written where "
+                          "the probe cannot see, under names the clean run does not use, or by "
+                          "an async save's thread that no checkpoint_saved names)")
         elif newest is None and step is None and (destroyed := [
                 k for k in state.problems if k != last and k in claimed(g)]):
             # an earlier save the workload had recorded complete was broken by a later one
@@ -314,6 +432,9 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
         return Verdict.failed(CHECK, problems[0] + (f" (and {len(problems) - 1} more)"
                                                      if len(problems) > 1 else ""),
                               details={"problems": problems}, replay=replay)
+    if cannot:
+        return Verdict.unknown(CHECK, "; ".join(cannot), details={"judged": judged},
+                               replay=replay)
     if not judged:
         return Verdict.passed(CHECK, "no generation resumed from the work folder", replay=replay)
     return Verdict.passed(CHECK, "; ".join(judged), replay=replay)
@@ -328,10 +449,12 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
     for i, k in saves_of(files).items():
         if k is not None and files[i]["gen"] in roles_of:
             made_at[k] = roles_of[files[i]["gen"]]
+    first = tuple(history.generations[min(history.generations)].roles) \
+        if history.generations else ()
     out: dict[int, Mapping[str, int | None]] = {}
-    for roles in sorted(set(made_at.values())):
+    for roles in sorted(set(made_at.values()) | {first}):
         for k, files in manifests_at(roles).items():
-            if made_at.get(k) == roles:
+            if made_at.get(k, first) == roles:   # a save the run never made: the first topology
                 out[k] = files
     return out
 
@@ -341,14 +464,22 @@ def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Sequence[M
     """What the run's saves that the clean run does not make (a planned exit's) should hold: the
     files of the clean run's save before it, moved into the folder that save created."""
     made: dict[int, list[str]] = {}
-    for i, k in save.items():
-        if k is not None and k not in wanted and files[i]["op"] == "mkdir":
-            made.setdefault(k, []).append(files[i]["path"])
+    for i, e in enumerate(files):
+        k = save.get(i)
+        if k is not None and k not in wanted and e["op"] == "mkdir" and \
+                e["path"] not in made.get(k, []):
+            made.setdefault(k, []).append(e["path"])
+        elif e["ev"] == Ev.FILE and e["op"] == "rename" and e.get("dst") and \
+                e.get("killed") != "before":   # .tmp -> final
+            for folders in made.values():
+                folders[:] = [_moved(d, e["path"], e["dst"]) if _under(d, e["path"]) else d
+                              for d in folders]
     out: dict[int, dict[str, int | None]] = {}
+    known = {p.rsplit("/", 1)[0] for files_ in wanted.values() for p in files_ if "/" in p}
     for k, folders in made.items():
         before = [j for j in wanted if j < k]
-        if not before or len(folders) != 1:
-            continue
+        if not before or len(folders) != 1 or folders[0] in known:
+            continue   # (a folder the clean run knows: another save's, written late)
         model = wanted[max(before)]
         tops = {p.rsplit("/", 1)[0] for p in model if "/" in p}
         mine = max(tops, key=lambda t: sum(p.startswith(t + "/") for p in model)) if tops else None
@@ -373,8 +504,7 @@ def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequen
             return f"{after}`{path}`, which did not exist"
         if have is not None and path in done.files and last is None:
             return f"{after}`{path}`, torn ({have[0]} bytes, its write never finished)"
-        if have is not None and last and last[1] is not None and \
-                (int(have[0]), int(have[1])) != last[:2]:
+        if have is not None and last and last[1] is not None and _entry(have) != last[:2]:
             return f"{after}`{path}`, which {_differs(have, last)}"
         if path in disk and path not in before:
             before.append(path)
@@ -383,7 +513,7 @@ def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequen
 
 def _differs(have: Sequence[Any], last: Sequence[Any]) -> str:
     """How a file on disk differs from what the run last wrote to it."""
-    if int(have[0]) != last[0]:
+    if have[0] != last[0]:
         return f"has {have[0]} bytes where {last[0]} were written"
     return f"changed after it was written (the same {last[0]} bytes, not the same content)"
 
