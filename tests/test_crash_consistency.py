@@ -357,3 +357,25 @@ def test_a_generation_without_a_disk_record_does_not_hide_a_fail(tmp_path):
     run.generation(steps=range(4, 6), load=3, resume=4, disk={})
     v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
     assert v.status == "fail" and "`step3/a` missing" in v.message, v.message
+
+
+def test_a_log_written_every_step_is_no_part_of_a_checkpoint(tmp_path):
+    """A workload that records no saves and appends a log under the work folder every step."""
+    def steps(upto, kill=None):
+        out = []
+        for s in range(upto):
+            out.append((s, "close", "log.txt", {"size": 10 * (s + 1), "crc": s}))
+            if s in (1, 3, 5):
+                out += [x for x in save(s, f"step{s}", s) if x != kill]
+        return out
+    ref = Run()
+    ref.generation(steps=range(6), files=steps(6))
+    wanted = manifests(ref.history(tmp_path / "ref").rank_events())
+    assert all("log.txt" not in files for files in wanted.values()), wanted
+    run = Run()
+    run.generation(steps=range(5), cause="failure", files=steps(5),
+                   disk={"step1/a": [10, 1], "step3/a": [10, 3], "latest": [2, 103],
+                         "log.txt": [50, 4]})
+    run.generation(steps=range(4, 6), load=3, resume=4, disk={})
+    v = crash_consistency(run.history(tmp_path / "run"), lambda roles: wanted)
+    assert v.status == "pass", v.message

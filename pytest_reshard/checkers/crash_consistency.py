@@ -187,19 +187,31 @@ def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | 
 
 
 def _logs(events: Sequence[Mapping[str, Any]]) -> set[str]:
-    """Paths a rank closed in two different steps between two of its recorded saves: a log or
-    a metrics file, not part of a checkpoint (a save writes each of its files once)."""
+    """Files a rank writes as it trains, not as it saves (a log, a metrics file): closed in two
+    different steps between two of its recorded saves (a save writes each of its files once),
+    or, by a rank that records no saves, closed both in a step where it closed nothing else and
+    in a step where it closed other files too (a save's files come together)."""
     out: set[str] = set()
     seen: dict[tuple[int, int], dict[str, int]] = {}   # (gen, rank) -> path -> step closed
+    closed: dict[tuple[int, int, int], set[str]] = {}  # (gen, rank, step) -> paths closed
     for e in events:
         key = (e["gen"], e["rank"])
         if e["ev"] == Ev.CKPT_SAVE:
             seen[key] = {}
-        elif e["op"] == "close" and e.get("at_step") is not None and key in seen:
-            first = seen[key].setdefault(e["path"], e["at_step"])
-            if first != e["at_step"]:
-                out.add(e["path"])
-    return out
+        elif e["op"] == "close" and e.get("at_step") is not None:
+            closed.setdefault((*key, e["at_step"]), set()).add(e["path"])
+            if key in seen:
+                first = seen[key].setdefault(e["path"], e["at_step"])
+                if first != e["at_step"]:
+                    out.add(e["path"])
+    alone: set[tuple[int, int, str]] = set()
+    together: set[tuple[int, int, str]] = set()
+    for (gen, rank, _), paths in closed.items():
+        if (gen, rank) in seen:
+            continue
+        for path in paths:
+            (alone if len(paths) == 1 else together).add((gen, rank, path))
+    return out | {path for gen, rank, path in alone & together}
 
 
 def written(events: Iterable[Mapping[str, Any]]) -> Disk:
