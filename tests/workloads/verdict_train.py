@@ -209,4 +209,3 @@ for step in range(start, args.steps):
 
 run.close()
 dist.destroy_process_group()
-os._exit(0)
