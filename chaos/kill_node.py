@@ -13,13 +13,16 @@ from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
 def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
     """The node that hosts ``rank`` dies at the fault point: its torchrun agent and every rank
-    on it, at once (needs ``launcher="elastic"`` with ``nodes >= 2``).
+    on it, at once (needs ``launcher="elastic"`` or ``"slurm"``, with ``nodes >= 2``).
 
     Layer: real SIGKILLs of the agent and its workers, raised by the rank itself so the timing is
-    exact. The surviving agents see their workers fail, meet again at the c10d rendezvous without
-    the dead node and restart the workers at the smaller world size, all torch's own elastic
-    machinery; the workload must reshard on load within its rewind budget. Does not prove a
-    silent partition (packets dropped, no connection reset) or a node rejoining.
+    exact. Under ``elastic`` the surviving agents see their workers fail, meet again at the c10d
+    rendezvous without the dead node and restart the workers at the smaller world size, all
+    torch's own elastic machinery. Under ``slurm`` the node's step task dies (SLURM reports it
+    killed); the node is lost for the rest of the run and the next job step runs on the nodes
+    left. Either way the workload must reshard on load within its rewind budget. Does not prove
+    a silent partition (packets dropped, no connection reset), a node rejoining, or SLURM's own
+    handling of a node that stops answering (slurmd keeps running).
     """
     return Fault("kill_node", target_of(rank, None, None, "one"), at_step, phase, {})
 
@@ -28,8 +31,9 @@ def execute(run: Any, fault: Mapping[str, Any]) -> None:
     """The agent (this rank's parent), every worker it started, then this rank."""
     from pytest_reshard import probe
 
-    if os.environ.get(Env.ELASTIC) != "1":
-        raise probe.InjectedFault("kill_node needs ranks under elastic agents (launcher='elastic')")
+    if Env.NODE not in os.environ:
+        raise probe.InjectedFault("kill_node needs ranks under a node's agent "
+                                  "(launcher='elastic' or 'slurm')")
     agent = os.getppid()
     for pid in (agent, *(p for p in probe.children(agent) if p != os.getpid())):
         try:
@@ -40,9 +44,9 @@ def execute(run: Any, fault: Mapping[str, Any]) -> None:
 
 
 def _requires(options: Mapping[str, Any]) -> str | None:
-    if options.get("launcher") != "elastic" or int(options.get("nodes", 1)) < 2:
-        return ("kill_node needs launcher='elastic' and nodes >= 2: a node is one torchrun "
-                "agent, and one must survive")
+    if options.get("launcher") not in ("elastic", "slurm") or int(options.get("nodes", 1)) < 2:
+        return ("kill_node needs launcher='elastic' or 'slurm' and nodes >= 2: a node is one "
+                "torchrun agent, and one must survive")
     return None
 
 

@@ -6,7 +6,7 @@ import signal
 from typing import Any, Mapping
 
 from pytest_reshard.chaos._common import positive, target_of
-from pytest_reshard.contract import Cause
+from pytest_reshard.contract import Cause, Env
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
@@ -17,9 +17,13 @@ def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,
     """Spot preemption: SIGTERM at the fault point, SIGKILL if still alive after ``grace_s``.
 
     Layer: a real SIGTERM delivered to the rank's process (the probe turns it into
-    ``run.stop_requested()``); the supervisor enforces the grace period from outside. Must cost
-    zero committed steps. Does not prove anything about a cloud provider's metadata-endpoint
-    warning or a node that vanishes without SIGTERM (that is ``kill``).
+    ``run.stop_requested()``); the supervisor enforces the grace period from outside. Under
+    ``launcher="slurm"`` SLURM delivers it: ``scancel --signal=TERM`` of the job step when the
+    fault fires (every process of the step on every node gets SIGTERM, torchrun's agents too, a
+    few tens of ms after the point), then SIGKILL after the cluster's ``KillWait``, which is the
+    grace there (``grace_s`` is not used). Must cost zero committed steps. Does not prove
+    anything about a cloud provider's metadata-endpoint warning, SLURM's requeue of a preempted
+    job, or a node that vanishes without SIGTERM (that is ``kill``).
     """
     params: dict = {"grace_s": positive("grace_s", grace_s)}
     if then_world_size is not None:
@@ -28,7 +32,8 @@ def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,
 
 
 def execute(run: Any, fault: Mapping[str, Any]) -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
+    if not os.environ.get(Env.SCHEDULER):  # else the scheduler signals the job (the launcher asks it)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Env", "Ev", "Cause", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "Torn", "read_jsonl"]
+           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl"]
 
 
 class Env:
@@ -38,6 +38,9 @@ class Env:
     STEPS = "RESHARD_STEPS"                # the scenario's step count
     ROLE = "RESHARD_ROLE"                  # this rank's role ("trainer", "target", "drafter", ...)
     PORT_RANGE = "RESHARD_PORT_RANGE"      # LO-HI: ports the harness may pick (one range per xdist worker)
+    HUB = "RESHARD_HUB"                    # HOST:PORT: the rank runs on another machine; it reports over TCP (``HUB_PROTOCOL``)
+    NODE = "RESHARD_NODE"                  # the node (agent) a rank runs under, when agents start the ranks
+    SCHEDULER = "RESHARD_SCHEDULER"        # "slurm": the scheduler delivers preemptions, not the rank itself
     PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
 
 
@@ -69,7 +72,7 @@ class Ev:
     UNFIRED = "unfired"        # a scheduled fault that never fired: fault_id, detail
     ABORT = "abort"            # the supervisor gave up: detail
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
-    NODES = "nodes"            # the elastic launcher's network: note, ...
+    NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation (job, nodes), each step (gen, name, nodes)
 
 
 class Cause(str, enum.Enum):
@@ -97,6 +100,15 @@ STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAU
                          Ev.CKPT_LOAD, Ev.RESUMED})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
                                Ev.ABORT, Ev.RSS, Ev.NODES})
+#: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
+#: object per line over one TCP connection per process. A rank sends ``{"hello": "rank", "gen",
+#: "rank", "pid"}``, reads its generation's plan back as one line, then writes its events exactly
+#: as it would to its events file; a blank line is a heartbeat. A node's agent sends ``{"hello":
+#: "node", "gen", "node", "host"}``, then reports ``{"ranks": {rank: {"pid", "state", "peak",
+#: "code"}}}`` (its ranks as its own kernel sees them) and ``{"bye": code}`` when its agent ends;
+#: it reads commands ``{"signal": n, "rank": r}``. The connection closing is the process ending.
+HUB_PROTOCOL = 1
+
 RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
 
 

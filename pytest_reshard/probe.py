@@ -28,14 +28,20 @@ Why it is built this way:
 - A heartbeat thread touches a file every 0.1 s. A stopped (SIGSTOP) or dead rank stops beating;
   the thread also ends the rank if the supervisor that started it is gone, so no rank outlives
   its test.
+- On another machine (``RESHARD_HUB`` set: the ``slurm`` launcher) the same lines and a blank
+  line per heartbeat go over one TCP connection to the harness, and the plan comes back over it:
+  nothing depends on a shared folder's file times or on the harness seeing this machine's
+  processes. The connection closing is the process ending, whatever ended it.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -43,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from pytest_reshard.contract import Env, Ev, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Env, Ev, RunDir
 
 
 __all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
@@ -54,6 +60,8 @@ PLAN_WAIT_S = 60.0
 HEARTBEAT_S = 0.1
 # Exit code of a rank that ends itself because its supervisor vanished.
 ORPHAN_EXIT = 70
+#: How long a rank on another machine keeps trying to reach the harness's hub.
+CONNECT_S = 60.0
 
 
 class InjectedFault(RuntimeError):
@@ -184,11 +192,17 @@ class Run:
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
         self._ballast: list[Any] = []  # memory_pressure keeps its allocations here
         self._fd = -1
+        self._write: Callable[[bytes], Any] = lambda data: None  # one event line, all at once
+        self._hub: _HubLink | None = None
         if not self.active:
             return
         run_dir = RunDir(Path(env[Env.DIR]))
         self.workdir = run_dir.work
-        plan = _read_plan(run_dir.plan(self.generation), elastic=env.get(Env.ELASTIC) == "1")
+        if env.get(Env.HUB):
+            self._hub = _HubLink(env[Env.HUB], self.generation, self.rank)
+            plan = self._hub.plan
+        else:
+            plan = _read_plan(run_dir.plan(self.generation), elastic=env.get(Env.ELASTIC) == "1")
         self.seed = int(plan["seed"])
         self.roles = tuple(plan["roles"])
         self.role = role or self.roles[self.rank]
@@ -200,13 +214,18 @@ class Run:
             if self.rank in fault["ranks"]:
                 _executor(fault)  # imported now, so that firing at the point costs nothing
                 self._faults.setdefault((fault["step"], fault["phase"]), []).append(fault)
-        self._fd = os.open(run_dir.rank_events(self.generation, self.rank),
-                           os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._heartbeat_path = run_dir.heartbeat(self.generation, self.rank)
-        self._heartbeat_path.touch()
-        supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
-        threading.Thread(target=self._beat, args=(supervisor,), name="reshard-heartbeat",
-                         daemon=True).start()
+        if self._hub is not None:
+            self._write = self._hub.send
+            beat: Callable[[], None] = self._hub.beat
+        else:
+            self._fd = os.open(run_dir.rank_events(self.generation, self.rank),
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._write = functools.partial(os.write, self._fd)
+            path = run_dir.heartbeat(self.generation, self.rank)
+            path.touch()
+            supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
+            beat = functools.partial(_touch, path, supervisor)
+        threading.Thread(target=_beat, args=(beat,), name="reshard-heartbeat", daemon=True).start()
         self._emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
         if plan.get("files"):
@@ -215,12 +234,12 @@ class Run:
     # -- recording -------------------------------------------------------------------------
     def _emit(self, ev: str, **fields: Any) -> None:
         fields.update(ev=ev, t=time.time(), gen=self.generation, rank=self.rank)
-        os.write(self._fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
+        self._write((json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
     def _emit_step(self, ev: str, step: int, extra: str = "") -> None:
         """The per-step hot path: the same JSON as ``_emit``, without ``json.dumps`` (20 us)."""
-        os.write(self._fd, f'{{"ev":"{ev}","step":{int(step)}{extra},"t":{time.time()!r},'
-                           f'"gen":{self.generation},"rank":{self.rank}}}\n'.encode())
+        self._write(f'{{"ev":"{ev}","step":{int(step)}{extra},"t":{time.time()!r},'
+                    f'"gen":{self.generation},"rank":{self.rank}}}\n'.encode())
 
     def resumed(self, step: int, *, source: str = "checkpoint",
                 max_rewind_steps: int | None = None) -> None:
@@ -359,13 +378,16 @@ class Run:
         you normally would. A rank that recorded it after its last step is a clean exit whatever
         happens next: a teardown that aborts at interpreter exit (FSDP2's "terminate called
         without an active exception") is not a failure."""
-        if self.active and self._fd >= 0:
+        if self.active:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
             self._emit("exit", code=0, peak_rss=_own_peak_rss())
             self.active = False
-            if not self._files_watched:  # else an async save's last files are still recorded
+            # An async save's last files are still recorded when files are watched; a hub's
+            # connection stays open until the process ends (its closing is the end).
+            if self._fd >= 0 and not self._files_watched:
                 os.close(self._fd)
                 self._fd = -1
+                self._write = lambda data: None
 
     def _watch_files(self) -> Any:
         """Record the file events under the work folder from now on (``filewatch``); the
@@ -376,8 +398,7 @@ class Run:
         return install(self.workdir, self._emit_file, lambda: self._last_step)
 
     def _emit_file(self, **fields: Any) -> None:
-        if self._fd >= 0:  # after close(), too: an async save may finish at interpreter exit
-            self._emit(Ev.FILE, **fields)
+        self._emit(Ev.FILE, **fields)  # after close(), too: an async save may finish at exit
 
     # -- planned events --------------------------------------------------------------------
     def reshard_requested(self) -> ReshardNotice | None:
@@ -412,16 +433,77 @@ class Run:
                            params=fault["params"])
             _executor(fault)(self, fault)
 
-    def _beat(self, supervisor: int) -> None:
-        path = self._heartbeat_path
+
+
+def _beat(beat: Callable[[], None]) -> None:
+    while True:
+        time.sleep(HEARTBEAT_S)
+        beat()
+
+
+def _touch(path: Path, supervisor: int) -> None:
+    """A local heartbeat: the file's mtime; a rank whose supervisor is gone ends itself."""
+    if supervisor and not _alive(supervisor):
+        os._exit(ORPHAN_EXIT)
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+class _HubLink:
+    """A rank's connection to a harness on another machine (``contract.HUB_PROTOCOL``)."""
+
+    def __init__(self, address: str, gen: int, rank: int) -> None:
+        host, _, port = address.rpartition(":")
+        deadline = time.monotonic() + CONNECT_S
         while True:
-            time.sleep(HEARTBEAT_S)
-            if supervisor and not _alive(supervisor):
-                os._exit(ORPHAN_EXIT)
             try:
-                os.utime(path)
-            except OSError:
-                pass
+                self._sock = socket.create_connection((host, int(port)), timeout=10)
+                break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{Env.HUB}={address}: no harness answered there within "
+                                       f"{CONNECT_S:.0f} s ({e}); is that address reachable "
+                                       "from this node?") from None
+                time.sleep(0.1)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._lock = threading.Lock()
+        self._forked = False
+        self._sock.sendall(json.dumps({"hello": "rank", "protocol": HUB_PROTOCOL, "gen": gen,
+                                       "rank": rank, "pid": os.getpid()}).encode() + b"\n")
+        reply = self._sock.makefile("rb").readline()
+        if not reply.strip():
+            raise RuntimeError(f"{Env.HUB}={address}: the harness closed the connection "
+                               f"before sending generation {gen}'s plan")
+        self.plan: dict[str, Any] = json.loads(reply)
+        self._sock.settimeout(None)
+        os.register_at_fork(after_in_child=self._in_child)
+
+    def send(self, data: bytes) -> None:
+        if self._forked:
+            return  # a forked child (a data-loader worker) is not the rank
+        try:
+            with self._lock:  # the heartbeat thread writes too: whole lines only
+                self._sock.sendall(data)
+        except OSError:
+            os._exit(ORPHAN_EXIT)  # the harness is gone, as a local rank's supervisor can be
+
+    def beat(self) -> None:
+        """A blank line; the harness gone (end of file) ends the rank."""
+        try:
+            if self._sock.recv(1, socket.MSG_DONTWAIT) == b"":
+                os._exit(ORPHAN_EXIT)
+        except BlockingIOError:
+            pass
+        except OSError:
+            os._exit(ORPHAN_EXIT)
+        self.send(b"\n")
+
+    def _in_child(self) -> None:
+        """A forked child must not hold the connection open: its closing is the rank's end."""
+        self._forked = True
+        os.close(self._sock.detach())
 
 
 _QUOTED: dict[str, str] = {}

@@ -404,9 +404,9 @@ def lock_artifacts(folder: Path) -> _Lock:
 def _check_nodes(world_size: int, options: dict[str, Any]) -> None:
     """Multi-node settings that cannot work, rejected before any agent starts."""
     nodes = int(options.get("nodes", 1))
-    if options.get("launcher") == "elastic" and (nodes < 1 or world_size % nodes):
-        raise ValueError(f"launcher='elastic': world_size {world_size} must split evenly into "
-                         f"nodes={nodes} (each node runs world_size / nodes ranks)")
+    if options.get("launcher") in ("elastic", "slurm") and (nodes < 1 or world_size % nodes):
+        raise ValueError(f"launcher={options['launcher']!r}: world_size {world_size} must split "
+                         f"evenly into nodes={nodes} (each node runs world_size / nodes ranks)")
 
 
 def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequence[Fault] = (),

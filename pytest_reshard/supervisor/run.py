@@ -173,6 +173,12 @@ class Supervisor:
         outcome = None
         try:
             outcome = watch.run()
+            room = self._live.capacity()  # a killed node is lost to the next generation
+            if outcome.next_world_size is not None and room is not None and \
+                    outcome.next_world_size > room:
+                outcome.detail += (f"; {room} ranks fit on the nodes left" if room else
+                                   "; no node is left to run on")
+                outcome.next_world_size = room or None
             if outcome.next_world_size is not None and self._live.restarting():
                 # The surviving agents re-form the world: its size is theirs, not the fault's.
                 outcome.next_world_size = self._live.next_world_size()

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from pytest_reshard.contract import Cause, Ev
 from pytest_reshard.schedule import kinds
-from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import LiveGeneration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -136,7 +135,9 @@ class Watch:
                 declared = kinds.get(ev["kind"])
                 if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED and self.planned is None:
                     self.planned = ev
-                    self.plan_deadline = now + float(ev["params"][declared.deadline_param])
+                    granted = self.live.deliver(ev)  # a scheduler's own grace, if it has one
+                    self.plan_deadline = now + (float(ev["params"][declared.deadline_param])
+                                                if granted is None else granted)
             elif kind == Ev.REQUEST and self.planned is None:
                 # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
                 # attributed to the last fault that fired in this generation, if any.
@@ -191,10 +192,10 @@ class Watch:
     def _watch_memory(self, live: LiveGeneration, codes: dict[int, int | None]) -> None:
         """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""
         budget = self.sc.memory_budget_bytes
-        for rank, pid in live.pids().items():
+        for rank in live.pids():
             if codes.get(rank) is not None:
                 continue
-            peak = procfs.peak_rss(pid)
+            peak = live.peak_rss(rank)
             if peak is None:
                 continue
             self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
@@ -244,7 +245,7 @@ class Watch:
             hung = self._stopped_rank(codes) if self.failure is None else None
             if hung is not None:
                 self._end_hung(live, hung, self._hang(Detected.STOPPED, hung,
-                                                      since=os.path.getmtime(self._hb(hung))))
+                                                      since=self._last_beat(hung)))
                 continue
             quiet = now - self.last_progress
             limit = sc.stall_s if self.started_training else sc.startup_s
@@ -284,8 +285,16 @@ class Watch:
         self.reported.add(rank)
         self.failure = Failure(rank, -signal.SIGKILL, time.monotonic(), outcome.detail)
 
-    def _hb(self, rank: int) -> str:
-        return str(self.dir.heartbeat(self.gen, rank))
+    def _last_beat(self, rank: int) -> float | None:
+        """When the rank last showed life: its launcher knows (a remote rank's last line), else
+        its heartbeat file's mtime; None before it attached."""
+        beat = self.live.last_beat(rank)
+        if beat is not None:
+            return beat
+        try:
+            return os.path.getmtime(self.dir.heartbeat(self.gen, rank))
+        except FileNotFoundError:
+            return None
 
     def _stopped_rank(self, codes: dict[int, int | None]) -> int | None:
         """A live rank that does not run: the kernel has held it stopped by a signal (state T,
@@ -295,24 +304,23 @@ class Watch:
         heartbeat, and a false "stopped" is a false verdict. State T comes only from a signal,
         never from load, so it needs no heartbeat to be believed."""
         now, mono = time.time(), time.monotonic()
-        pids = self.live.pids()
         for rank, code in codes.items():
             if code is not None:
                 continue
             events = self.tail.events(self.gen, rank)
             if events and events[-1]["ev"] == Ev.EXIT:
                 continue  # closed: its interpreter is exiting, and the heartbeat with it
-            state = procfs.state(pids.get(rank))
+            state = self.live.state(rank)
             if state == "T":
                 since = self.stopped_since.setdefault(rank, mono)
                 if mono - since >= STOP_CONFIRM_S:
                     return rank
             else:
                 self.stopped_since.pop(rank, None)
-            try:
-                age = now - os.path.getmtime(self._hb(rank))
-            except FileNotFoundError:
+            beat = self._last_beat(rank)
+            if beat is None:
                 continue  # not attached yet: covered by the startup limit
+            age = now - beat
             if age > self.sc.hang_s and (state in ("T", "t") or age > max(10 * self.sc.hang_s, 10.0)):
                 return rank
         return None

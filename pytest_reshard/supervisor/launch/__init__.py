@@ -10,6 +10,8 @@ Each launcher is one module here behind one protocol (``Launcher``), registered 
   pids are learned from the probe's ``start`` events, since the agent owns them.
 - ``elastic`` (``elastic.py``): one torchrun agent per node, each in its own network namespace
   where the machine allows; agents restart the ranks themselves after a node is lost.
+- ``slurm`` (``slurm.py``): each generation a job step of a SLURM allocation, one torchrun agent
+  per node; the ranks run on other machines and report over the harness's hub.
 
 Every rank runs in a session of its own, so ``kill`` reaches its whole process group
 (data-loader workers included), and every rank dies with its launcher (``PR_SET_PDEATHSIG``).
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pytest_reshard.contract import Env
+from pytest_reshard.supervisor import procfs
 
 __all__ = ["RankSpec", "LiveGeneration", "Launcher", "LaunchContext", "register", "make",
            "launcher_class", "registered", "free_port", "parse_port_range", "KILL_WAIT_S"]
@@ -46,7 +49,10 @@ class LiveGeneration:
     """The live processes of one generation (``history.Generation`` is its record). ``exit_codes`` maps each rank to its code, None while it runs.
 
     Launchers whose agents re-form the world themselves after a failure (``elastic``) override
-    the last three methods; for the others a generation ends with its processes."""
+    ``restarting``, ``next_world_size`` and ``advance``; for the others a generation ends with its
+    processes. Launchers whose ranks run on other machines (``slurm``) answer ``state``,
+    ``peak_rss`` and ``last_beat`` from the ranks' reports instead of this machine's ``/proc``
+    and heartbeat files, and may have a scheduler ``deliver`` planned faults."""
 
     def pids(self) -> dict[int, int]:
         raise NotImplementedError
@@ -60,6 +66,27 @@ class LiveGeneration:
     def kill(self) -> None:
         """Every process of the generation is gone when this returns (bounded by KILL_WAIT_S)."""
         raise NotImplementedError
+
+    def state(self, rank: int) -> str | None:
+        """The kernel's state letter of a live rank (``T``: stopped), None if unknown."""
+        return procfs.state(self.pids().get(rank))
+
+    def peak_rss(self, rank: int) -> int | None:
+        pid = self.pids().get(rank)
+        return None if pid is None else procfs.peak_rss(pid)
+
+    def last_beat(self, rank: int) -> float | None:
+        """When the rank last showed life (``time.time()``); None: read its heartbeat file."""
+        return None
+
+    def deliver(self, fault: dict[str, Any]) -> float | None:
+        """A planned fault fired: have the scheduler do its part (a preemption's signal). Returns
+        the grace the scheduler gives, which replaces the fault's own deadline, or None."""
+        return None
+
+    def capacity(self) -> int | None:
+        """The most ranks a next generation can have (the nodes left), None: no limit."""
+        return None
 
     def restarting(self) -> bool:
         """True while agents re-form the world on their own after a failure."""
@@ -185,3 +212,4 @@ register("fork", "pytest_reshard.supervisor.launch.fork:ForkLauncher")
 register("local", "pytest_reshard.supervisor.launch.local:LocalLauncher")
 register("torchrun", "pytest_reshard.supervisor.launch.torchrun:TorchrunLauncher")
 register("elastic", "pytest_reshard.supervisor.launch.elastic:ElasticLauncher")
+register("slurm", "pytest_reshard.supervisor.launch.slurm:SlurmLauncher")

@@ -107,8 +107,8 @@ class ElasticLauncher:
         for node in range(self.nodes):
             env = {k: v for k, v in first.env.items() if k not in _UNSET_FOR_AGENTS}
             env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712
-                       GLOO_SOCKET_IFNAME=self.network.ifname, **{Env.ELASTIC: "1"},
-                       RESHARD_NODE=str(node))
+                       GLOO_SOCKET_IFNAME=self.network.ifname,
+                       **{Env.ELASTIC: "1", Env.NODE: str(node)})
             cmd = [sys.executable, "-m", "pytest_reshard.supervisor.launch.elastic", "agent",
                    "--barrier", f"{endpoint}/{run_id}/{self.nodes}", "--",
                    f"--nnodes={self.min_nodes}:{self.nodes}", f"--nproc-per-node={per_node}",
