@@ -4,7 +4,8 @@ Runs the same planned reshard (4 -> 3 ranks, bundled LM, tiny) with the warm for
 with cold interpreters, interleaved so both see the same machine noise, and prints the medians
 and their ratio. Usage: python bench/relaunch.py [--repeats 5] [--workload lm]
 [--launchers fork,local] [--json] (one line ``JSON {...}`` of the medians, for
-bench/before_after.py).
+bench/before_after.py). With ``slurm`` among the launchers (2 nodes x 2 ranks on the cluster in
+SLURM_CONF) every launcher reshards 4 -> 2 instead, one node's worth, so the runs compare.
 """
 import argparse
 import json
@@ -42,11 +43,13 @@ def main() -> None:
         for i in range(args.repeats):
             for launcher in times:
                 sc = scenario_from(args.workload, world_size=4, steps=6, launcher=launcher,
-                                   faults=[chaos.shift_shards(to_world_size=3, at_step=2)])
+                                   nodes=2 if launcher == "slurm" else 1,
+                                   faults=[chaos.shift_shards(to_world_size=2 if "slurm" in
+                                                              launchers else 3, at_step=2)])
                 history = session.execute(sc, Path(tmp) / f"{launcher}-{i}")
                 times[launcher].append(relaunch_s(history))
                 up[launcher].append(relaunch_s(history, "start"))
-                print(f"{launcher:5s} run {i}: ranks up {up[launcher][-1]:.3f} s, first step "
+                print(f"{launcher:7s} run {i}: ranks up {up[launcher][-1]:.3f} s, first step "
                       f"{times[launcher][-1]:.3f} s", flush=True)
     if set(launchers) >= {"fork", "local"}:
         for label, data in (("ranks up (harness)", up),
@@ -54,6 +57,9 @@ def main() -> None:
             fork, cold = (statistics.median(data[k]) for k in ("fork", "local"))
             print(f"relaunch to {label}, median of {args.repeats}: fork server {fork:.3f} s, "
                   f"cold start {cold:.3f} s, ratio {cold / fork:.1f}x")
+    for label, data in (("ranks up", up), ("first step", times)):
+        print(f"relaunch to {label}, median of {args.repeats}: " + ", ".join(
+            f"{k} {statistics.median(v):.3f} s" for k, v in data.items()))
     if args.json:
         print("JSON " + json.dumps({f"{k} {what}": round(statistics.median(data[k]), 4)
                                     for what, data in (("ranks up", up), ("first step", times))

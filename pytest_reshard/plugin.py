@@ -16,7 +16,7 @@ import pytest
 from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("fork", "local", "torchrun")
+LAUNCHERS = ("fork", "local", "torchrun", "slurm")
 
 OPTIONS: list[tuple[str, str, Any, str]] = [
     # (name, ini type, default, help) — every flag has an ini twin with the same help.
@@ -26,7 +26,10 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
     ("reshard_seed", "string", "0", "schedule seed for scenarios that do not set one; 'last' "
      "reuses the previous run's"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
-    ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), torchrun"),
+    ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), "
+     "torchrun, slurm (job steps of a SLURM allocation)"),
+    ("reshard_nodes", "string", "1", "nodes of a slurm scenario that does not set nodes= (each "
+     "runs world_size / nodes ranks)"),
     ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
     ("reshard_compare", "string", "", "compare this run's numbers with baseline NAME"),
     ("reshard_compare_fail", "string", "", "fail on regressions vs the baseline, e.g. "
@@ -79,6 +82,8 @@ def _validate(name: str, value: str, source: str) -> str:
                                 ) from None
     if name == "reshard_backend" and value not in BACKENDS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
+    if name == "reshard_nodes" and (not value.isdigit() or int(value) < 1):
+        raise pytest.UsageError(f"{source}={value!r}: expected a whole number of nodes, >= 1")
     if name == "reshard_launcher" and value not in LAUNCHERS:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
     if name == "reshard_compare_fail" and value:
@@ -298,12 +303,15 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         workload = resolve_workload(workload, Path(request.node.path))
         s = state.settings
         seed = opts.pop("seed", None)
+        launcher = opts.pop("launcher", None) or s["reshard_launcher"]
+        if launcher == "slurm":
+            opts.setdefault("nodes", int(s["reshard_nodes"]))
         scenario = scenario_from(
             workload, faults=faults,
             world_size=int(opts.pop("world_size", 4)), steps=int(opts.pop("steps", 20)),
             seed=int(s["reshard_seed"] if seed is None else seed),
             timeout_s=float(opts.pop("timeout", None) or s["reshard_timeout"]),
-            launcher=opts.pop("launcher", None) or s["reshard_launcher"],
+            launcher=launcher,
             backend=_resolve_backend(opts.pop("backend", None) or s["reshard_backend"]),
             args=[str(a) for a in opts.pop("args", ())], **opts)
         count += 1

@@ -1,12 +1,12 @@
 """``slurm``: each generation is one ``srun`` job step of an allocation, one torchrun agent per node.
 
 Inside ``salloc``/``sbatch`` (``SLURM_JOB_ID`` set) the launcher uses that allocation and only
-ever cancels the steps it started; elsewhere it takes one of ``nodes`` nodes itself
-(``salloc --no-shell``, with a time limit so that SLURM ends it even if the harness is killed)
-and cancels it at the end. A generation of ``world_size`` ranks is ``srun -N k`` on ``k =
-world_size / ranks_per_node`` usable nodes of the allocation, each task the node agent below,
-which runs torch's own agent (``torch.distributed.run.main``: c10d rendezvous, the harness hosting
-its store, ``--max-restarts=0``): a new world size is a new step on more or fewer nodes.
+ever cancels the steps it started; elsewhere it takes ``nodes`` nodes itself (``salloc
+--no-shell``, with a time limit so that SLURM ends it even if the harness is killed) and cancels
+it at the end. A generation is ``srun -N k`` on the fewest usable nodes that hold its ranks (at
+most the first generation's ranks per node, the same number on each), each task the node agent
+below, which runs torch's own agent (``torch.distributed.run.main``: c10d rendezvous on a store
+the harness hosts, ``--max-restarts=0``): a new world size is a new step on more or fewer nodes.
 
 The ranks run on other machines, so nothing here reads this machine's ``/proc`` or file times:
 the ranks report over the harness's hub (``supervisor/hub.py``), and each node's agent reports
@@ -223,10 +223,11 @@ class SlurmLauncher:
             self._store = TCPStore(head, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
         assert self.per_node is not None
-        if world % self.per_node:
-            raise ValueError(f"world size {world} is not a whole number of nodes of "
-                             f"{self.per_node} ranks each")
-        count = world // self.per_node
+        count = -(-world // self.per_node)  # the fewest nodes that hold it, as evenly as torchrun needs
+        if world % count:
+            raise ValueError(f"world size {world} needs {count} nodes of at most {self.per_node} "
+                             f"ranks, but does not split evenly over {count} (torchrun starts "
+                             "the same number on every node)")
         usable = self.allocation.usable()
         if len(usable) < count:
             raise RuntimeError(f"generation {gen} needs {count} nodes of {self.per_node} ranks, "
@@ -247,7 +248,7 @@ class SlurmLauncher:
                "--kill-on-bad-exit=0", "--label", "--unbuffered",
                sys.executable, "-m", "pytest_reshard.supervisor.launch.slurm", "agent",
                "--hub", self._hub.address, "--gen", str(gen), "--",
-               f"--nnodes={count}", f"--nproc-per-node={self.per_node}", "--rdzv-backend=c10d",
+               f"--nnodes={count}", f"--nproc-per-node={world // count}", "--rdzv-backend=c10d",
                f"--rdzv-endpoint={endpoint}", f"--rdzv-id={name}", f"--rdzv-conf={RDZV_CONF}",
                "--max-restarts=0", "--monitor-interval=0.1", *module_or_script(first.argv)]
         parent = os.getpid()
@@ -403,16 +404,28 @@ class _Reporter:
         self.peaks: dict[int, int] = {}
         self._buf = b""
 
-    def send(self, obj: dict[str, Any]) -> None:
-        data = json.dumps(obj).encode() + b"\n"
+    def send(self, obj: dict[str, Any] | None = None) -> None:
+        """Send ``obj``, or (None) a report of every rank as the kernel sees it now."""
         with self.lock:
+            if obj is None:
+                obj = {"ranks": self._ranks()}
             self.sock.setblocking(True)
             try:
-                self.sock.sendall(data)
+                self.sock.sendall(json.dumps(obj).encode() + b"\n")
             except OSError:
                 self.orphaned()
             finally:
                 self.sock.setblocking(False)
+
+    def _ranks(self) -> dict[int, dict[str, Any]]:
+        ranks = {}
+        for pid, rank in list(self.ranks.items()):
+            peak = procfs.peak_rss(pid)
+            if peak is not None:
+                self.peaks[pid] = max(peak, self.peaks.get(pid, 0))
+            ranks[rank] = {"pid": pid, "state": procfs.state(pid), "peak": self.peaks.get(pid),
+                           "code": self.codes.get(pid)}
+        return ranks
 
     def orphaned(self) -> None:
         """The harness is gone: so is everything it started on this node."""
@@ -427,14 +440,7 @@ class _Reporter:
                     rank = _rank_of(pid)
                     if rank is not None:
                         self.ranks[pid] = rank
-            ranks = {}
-            for pid, rank in self.ranks.items():
-                peak = procfs.peak_rss(pid)
-                if peak is not None:
-                    self.peaks[pid] = max(peak, self.peaks.get(pid, 0))
-                ranks[rank] = {"pid": pid, "state": procfs.state(pid),
-                               "peak": self.peaks.get(pid), "code": self.codes.get(pid)}
-            self.send({"ranks": ranks})
+            self.send()
             self._commands()
             time.sleep(REPORT_S)
 
@@ -466,6 +472,8 @@ class _Reporter:
                 continue
             pid = info.si_pid
             self.codes[pid] = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            if pid in self.ranks:
+                self.send()  # at once: the harness is waiting for this code
             # Until torch reaps it, waitid(P_ALL) returns this one again: watch the others alone.
             while _zombie_of_ours(pid):
                 for other in list(self.ranks):
@@ -477,6 +485,7 @@ class _Reporter:
                         if seen is not None:
                             self.codes[other] = seen.si_status if seen.si_code == os.CLD_EXITED \
                                 else -seen.si_status
+                            self.send()
                 time.sleep(0.001)
 
 
