@@ -560,7 +560,7 @@ def _validate(e: Event, where: str) -> None:
                 raise HistoryError(f"{where}: {ev} event needs an integer {key!r}: {dict(e)!r}")
         if ev in STEP_EVENTS and not isinstance(e.get("step"), int):
             raise HistoryError(f"{where}: {ev} event needs an integer 'step': {dict(e)!r}")
-    elif ev in ("gen_start", "gen_end", "detect") and not isinstance(e.get("gen"), int):
+    elif ev in ("gen_start", "gen_end", "detect", "deliver") and not isinstance(e.get("gen"), int):
         raise HistoryError(f"{where}: supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
 
 

@@ -478,3 +478,31 @@ def test_liveness_when_the_supervisor_gave_up() -> None:
     v = liveness(b.history())
     assert v.status == "fail" and "generation 1 ended by error: gave up" in v.message
     assert no_rewind(b.history()).status == "pass"
+
+
+@pytest.mark.parametrize("delivered,arrives_after,last_step,flagged", [
+    (False, ("fault", 5), 5, set()),    # raised by the rank at the point; it stops after step 5
+    (False, ("fault", 5), 7, {6, 7}),   # ... and trains two more steps: the fail
+    (False, None, 7, {6, 7}),           # ... no arrival recorded (SIGTERM ignored): from the point
+    (True, ("begin", 6), 6, set()),     # a scheduler's SIGTERM lands in step 6; it stops after it
+    (True, ("end", 6), 7, set()),       # ... lands between steps 6 and 7: step 7 may begin
+    (True, ("begin", 6), 8, {7, 8}),    # ... lands in step 6, and it trains 7 and 8: the fail
+    (True, None, 11, set()),            # ... never lands: the rank finished first
+])
+def test_training_after_sigterm_counts_from_where_the_signal_arrived(delivered, arrives_after,
+                                                                     last_step, flagged) -> None:
+    from pytest_reshard.checkers.liveness import _trained_after_sigterm
+
+    fault = {"rank": 0, "step": 5, "phase": "forward", "kind": "preempt", "id": 0}
+    b = Builder(steps=12, world_size=1, faults=[{"kind": "preempt", "target": "all", "step": 5,
+                                                 "phase": "forward", "params": {"grace_s": 5}}])
+    b.gen(run=range(0, last_step + 1), cause="preempt", planned=True, fault_id=0, fault=fault)
+    if delivered:
+        b.sup("deliver", gen=0, fault_id=0, kind="preempt", grace_s=5.0)
+    if arrives_after is not None:
+        ev, step = arrives_after
+        at = next(i for i, e in enumerate(b.events) if e["ev"] == ev and e.get("step") == step)
+        b.events.insert(at + 1, {"ev": "signal", "signal": "SIGTERM", "gen": 0, "rank": 0,
+                                 "t": b.events[at]["t"] + 0.001})
+    problems = _trained_after_sigterm(b.history())
+    assert [p["steps"] for p in problems] == ([flagged] if flagged else [])

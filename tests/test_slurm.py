@@ -224,3 +224,17 @@ def test_a_remote_rank_is_named_killed_silent_or_stopped_from_its_nodes_report(
     detected = [e for e in history.events if e["ev"] == "detect"]
     assert [(d["kind"], d["rank"], d["exit_code"]) for d in detected] == [(kind, 1, code)]
     assert detected[0]["expected"] and detected[0]["step"] == 3
+
+
+@pytest.mark.reshard(world_size=4, steps=20, timeout=240)
+def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_landed(
+        reshard_run, cluster, toy):
+    """SLURM's SIGTERM lands tens of ms after the fault point: in a script of 1 ms steps, steps
+    later. A script that stops after the step the signal landed in is correct (this was a false
+    "kept training after SIGTERM" before the checker counted from the signal's arrival)."""
+    result = reshard_run(toy, faults=[chaos.preempt(at_step=5)], **SLURM)
+    result.assert_ok()
+    assert [e["kind"] for e in _supervisor(result) if e["ev"] == "deliver"] == ["preempt"]
+    landed = [e["t"] for e in result.history.events if e["ev"] == "signal" and e["gen"] == 0]
+    fired = [e["t"] for e in result.history.events if e["ev"] == "fault"]
+    assert not landed or min(landed) > max(fired)  # SLURM's, after the point (if before the end)

@@ -108,19 +108,41 @@ def _preempt_kinds() -> set[str]:
 
 
 def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
-    """Ranks that began steps after the one in flight when a preemption's SIGTERM reached them."""
+    """Ranks that began steps after the one in flight when a preemption's SIGTERM reached them.
+
+    The SIGTERM reaches a rank at the fault point when the rank raises it itself, later when a
+    scheduler delivers it (SLURM's slurmstepd, tens of ms on; a ``deliver`` event): where the
+    probe recorded its arrival (``signal``), that is where the count starts, and a scheduler's
+    SIGTERM that never arrived (the rank had finished) starts none. A signal that arrived
+    between two steps allows the next one: the rank may have asked ``stop_requested()`` just
+    before it."""
     preempts = _preempt_kinds()
+    delivered = {(e["gen"], e["fault_id"]) for e in history.events if e["ev"] == "deliver"}
     problems = []
     for f in history.faults_fired():
         if f.kind not in preempts:
             continue
-        seen, later = False, set()
+        if (f.gen, f.id) in delivered and not any(
+                e["ev"] == "signal" and e["t"] >= (f.t or 0)
+                for e in history.rank_events(gen=f.gen, rank=f.rank)):
+            continue  # the scheduler's SIGTERM never reached it (it had finished, or died of it)
+        seen, arrived, limit, after = False, f.step, f.step, set()
+        begun = ended = None
         for e in history.rank_events(gen=f.gen, rank=f.rank):
             if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
                     and e.get("phase") == f.phase:
                 seen = True
-            elif seen and e["ev"] == "begin" and int(e["step"]) > f.step:
-                later.add(int(e["step"]))
+            elif seen and e["ev"] == "signal" and e.get("signal") == "SIGTERM" and \
+                    arrived == f.step and begun is not None and begun > f.step:
+                arrived = begun  # delivered after the point, by a scheduler
+                limit = begun + 1 if ended == begun else begun
+            if e["ev"] == "begin":
+                begun = int(e["step"])
+                if seen:
+                    after.add(begun)
+            elif e["ev"] == "end":
+                ended = int(e["step"])
+        later = {step for step in after if step > limit}
         if later:
             n = len(later)
             same = next((p for p in problems if p["generation"] == f.gen
@@ -131,9 +153,11 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
             problems.append({"steps": later, "also": [],
                 "message": f"rank {f.rank} kept training {n} step{'s' if n != 1 else ''} after "
                            f"SIGTERM (steps {_ranges(later)}); a spot node would have been "
-                           f"reclaimed: after the SIGTERM at step {f.step} ({f.phase}, generation "
-                           f"{f.gen}) ask run.stop_requested() after every step, and save and exit "
-                           "when it is true",
+                           f"reclaimed: after the SIGTERM at step {arrived} "
+                           + (f"({f.phase}, " if arrived == f.step else "(delivered after the "
+                              f"fault at step {f.step}, ") +
+                           f"generation {f.gen}) ask run.stop_requested() after every step, and "
+                           "save and exit when it is true",
                 "step": min(later), "rank": f.rank, "generation": f.gen,
                 "fault": history.describe_fault(f.id)})
     for p in problems:

@@ -136,6 +136,9 @@ class Watch:
                 if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED and self.planned is None:
                     self.planned = ev
                     granted = self.live.deliver(ev)  # a scheduler's own grace, if it has one
+                    if granted is not None:
+                        self.record(Ev.DELIVER, gen=self.gen, fault_id=ev["id"], kind=ev["kind"],
+                                    grace_s=granted)
                     self.plan_deadline = now + (float(ev["params"][declared.deadline_param])
                                                 if granted is None else granted)
             elif kind == Ev.REQUEST and self.planned is None:

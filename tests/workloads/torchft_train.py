@@ -1,5 +1,5 @@
 """torchft as a workload: G replica groups trained by torchft's Manager, its DDP and its optimizer
-wrapper, on CPU with gloo, recorded with the probe (issue 18; docs/torchft-notes.md).
+wrapper, on CPU with gloo, recorded with the probe (docs/torchft-notes.md).
 
 The launcher (our harness, or the small one under ``__main__``) starts ALL ranks as one world
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, with a TCPStore already listening at
