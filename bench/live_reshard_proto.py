@@ -1,7 +1,8 @@
 """Live (in-memory) reshard of the bundled LM against save-exit-relaunch-load, harness-free.
 
     python bench/live_reshard_proto.py [--sizes 4,3,4] [--change-after 4,12] [--steps 20]
-        [--joiner warm|cold] [--bug none|keep_old_shard_map] [--repeats 1] [--timeout 300]
+        [--joiner warm|cold] [--method fast|dcp] [--replicas 1] [--size tiny]
+        [--bug none|keep_old_shard_map] [--repeats 1] [--timeout 300]
 
 Two runs of ``pytest_reshard.fixtures.lm`` (its ``Trainer``: model, AdamW, LR schedule, sampler,
 RNG, its own training step) over the same world-size sequence, on loopback gloo:
@@ -50,8 +51,8 @@ def _watchdog(deadline: float) -> None:
     def watch() -> None:
         while True:
             if os.getppid() != parent or time.time() > deadline:
-                print(f"worker {os.getpid()}: {'parent gone' if os.getppid() != parent else 'deadline'}"
-                      ", exiting", file=sys.stderr, flush=True)
+                why = "parent gone" if os.getppid() != parent else "deadline"
+                print(f"worker {os.getpid()}: {why}, exiting", file=sys.stderr, flush=True)
                 os._exit(86)
             time.sleep(0.2)
 
@@ -88,6 +89,7 @@ def worker(spec: dict[str, Any]) -> int:
     from pytest_reshard.fixtures import lm, lm_live
 
     out: dict[str, Any] = {"mode": spec["mode"], "pid": os.getpid(), "role": spec["role"],
+                           "join_change": spec.get("join_change"),
                            "t_proc_start": C.process_start_time(), "t_main": t_start,
                            "t_imported": time.time(), "losses": [], "steps": [], "changes": [],
                            "digests": {}}
@@ -154,6 +156,22 @@ def worker(spec: dict[str, Any]) -> int:
         # live
         control = TCPStore(HOST, spec["control_port"], is_master=False,
                            timeout=timedelta(seconds=spec["timeout_s"]))
+
+        def train_segment(trainer: Any, run: Any, g: int) -> None:
+            """Segment ``g``; before its last step, wait for the warm spares of the grow that
+            follows (a supervisor starts a grow once its spare is up; not counted as the
+            change's cost, reported as spare_wait_s)."""
+            _, first, last = segments[g]
+            joiners = (segments[g + 1][0] - min(segments[g][0], segments[g + 1][0])
+                       if g + 1 < len(segments) else 0)
+            if joiners and spec["joiner_mode"] == "warm":
+                train(trainer, run, first, last - 1)
+                t0 = time.time()
+                control.wait([f"c{g}/joiner_ready/{j}" for j in range(joiners)])
+                out.setdefault("spare_wait_s", {})[str(g)] = time.time() - t0
+                train(trainer, run, last, last)
+            else:
+                train(trainer, run, first, last)
         old_rank = spec.get("rank")
         trainer = None
         if old_rank is not None:
@@ -164,12 +182,15 @@ def worker(spec: dict[str, Any]) -> int:
             if start != 0:
                 raise RuntimeError(f"a fresh live run resumed at step {start}")
             out["t_ready0"] = time.time()
-            train(trainer, run, first, last)
+            train_segment(trainer, run, 0)
             changes = range(len(segments) - 1)
         else:  # a joiner: wait until the old world stops, then join its change
             k = spec["join_change"]
             run = _recorder(0, segments[k + 1][0])
+            if spec["joiner_mode"] == "warm":  # pay the first model construction now
+                out["warm_up_s"] = lm_live.warm_up(cfg)
             out["t_waiting"] = time.time()
+            control.set(f"c{k}/joiner_ready/{spec['joiner']}", repr(out["t_waiting"]))
             control.wait([f"c{k}/stopped"])
             out["t_go"] = time.time()
             changes = range(k, len(segments) - 1)
@@ -186,7 +207,8 @@ def worker(spec: dict[str, Any]) -> int:
                 if old_rank == 0:
                     control.set(f"c{k}/stopped", repr(rec["t_stop"]))
             new, phases = lm_live.reshard_trainer(trainer, cfg, run, change, old_rank=old_rank,
-                                                  joiner=spec.get("joiner", 0), bug=spec["bug"])
+                                                  joiner=spec.get("joiner", 0),
+                                                  method=spec["method"], bug=spec["bug"])
             trainer = None
             rec.update(phases=phases, t_ready=time.time())
             out["changes"].append(rec)
@@ -205,7 +227,7 @@ def worker(spec: dict[str, Any]) -> int:
             _, first, last = segments[k + 1]
             if trainer.state_step != first - 1:
                 raise RuntimeError(f"restored step {trainer.state_step}, expected {first - 1}")
-            train(trainer, run, first, last)
+            train_segment(trainer, run, k + 1)
         final(trainer)
         dist.destroy_process_group()
         dump()
@@ -252,7 +274,8 @@ class Procs:
                                    f"its log ends:\n{_tail(log)}")
         return last
 
-    def watch_key(self, store: Any, key: str, procs: list[subprocess.Popen], deadline: float) -> None:
+    def watch_key(self, store: Any, key: str, procs: list[subprocess.Popen],
+                  deadline: float) -> None:
         """Poll the control store for ``key`` (10 ms), failing fast if a worker died."""
         while not store.check([key]):
             for p, name, log in self.all:
@@ -310,7 +333,7 @@ def run_relaunch(args: argparse.Namespace, base: dict[str, Any], out: Path, proc
                  deadline: float) -> dict[str, Any]:
     segments = base["segments"]
     exits: list[dict[str, float]] = []
-    stores = []
+    stores = []  # held until the end: a TCPStore server lives as long as its object
     for g, (world, _, _) in enumerate(segments):
         store = _store()  # a fresh rendezvous store per world, as the harness hosts one
         stores.append(store)
@@ -318,9 +341,9 @@ def run_relaunch(args: argparse.Namespace, base: dict[str, Any], out: Path, proc
         gen = []
         for r in range(world):
             spec = {**base, "mode": "relaunch", "gen": g, "name": f"g{g}-r{r}", "role": "rank"}
-            gen.append(procs.start(spec, _env({"RANK": str(r), "WORLD_SIZE": str(world),
-                                                "LOCAL_RANK": str(r), "MASTER_PORT": str(store.port)}),
-                                   out / f"relaunch-g{g}-r{r}.log"))
+            env = _env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+                        "MASTER_PORT": str(store.port)})
+            gen.append(procs.start(spec, env, out / f"relaunch-g{g}-r{r}.log"))
         t_exit = procs.wait(gen, deadline)
         exits.append({"t_spawn": t_spawn, "t_exit": t_exit})
     res = _results(out, "relaunch")
@@ -353,7 +376,9 @@ def _first_step(results: list[dict[str, Any]], step: int) -> float:
 def run_live(args: argparse.Namespace, base: dict[str, Any], out: Path, procs: Procs,
              deadline: float) -> dict[str, Any]:
     segments = base["segments"]
-    stores = [_store() for _ in segments]  # one fresh rendezvous store per world
+    # One fresh rendezvous store per world (a reused one hands the new world the old gloo
+    # addresses), held until the end: a TCPStore server lives as long as its object.
+    stores = [_store() for _ in segments]
     control = _store()
     base = {**base, "ports": [s.port for s in stores], "control_port": control.port}
     initial = []
@@ -386,7 +411,7 @@ def run_live(args: argparse.Namespace, base: dict[str, Any], out: Path, procs: P
         t_stop = max(c["t_stop"] for _, c in recs if "t_stop" in c)
         ready = [c["t_ready"] for _, c in recs if c.get("new_rank") is not None]
         r0 = next(c for _, c in recs if c.get("new_rank") == 0)["phases"]
-        joiners = [r for r, c in recs if r["role"] == "joiner"]
+        joiners = [r for r, c in recs if r.get("join_change") == k]
         leavers = [c for _, c in recs if c.get("new_rank") is None]
         new = [r for r, c in recs if c.get("new_rank") is not None]
         changes.append({
@@ -395,6 +420,9 @@ def run_live(args: argparse.Namespace, base: dict[str, Any], out: Path, procs: P
             "leaver_total_s": max((c["phases"]["total_s"] for c in leavers), default=None),
             "joiner_start_import_s": max((r["t_imported"] - r["t_proc_start"] for r in joiners),
                                          default=None),
+            "joiner_warm_up_s": max((r.get("warm_up_s", 0.0) for r in joiners), default=None),
+            "spare_wait_s": max((r.get("spare_wait_s", {}).get(str(k), 0.0) for r, c in recs
+                                 if "t_stop" in c), default=None) if joiners else None,
             "joiner_spawned_before_stop_s": (t_stop - spawned[k]) if k in spawned else None,
             # > 0: the joiner was up and waiting when the old world stopped (warm); < 0: not yet
             "joiner_ready_before_stop_s": min((t_stop - r["t_waiting"] for r in joiners),
@@ -471,7 +499,8 @@ def report(args: argparse.Namespace, base: dict[str, Any], runs: list[dict[str, 
     print()
     print(f"LM size {args.size}, {args.steps} steps, worlds "
           + " -> ".join(f"{w} (steps {a}-{b})" for w, a, b in segments)
-          + f", joiner {args.joiner}, bug {args.bug}, {len(runs)} repeat(s)")
+          + f", replicas {args.replicas}, method {args.method}, joiner {args.joiner}, "
+            f"bug {args.bug}, {len(runs)} repeat(s)")
     # -- timing
     med = "median of " + str(len(runs)) if len(runs) > 1 else "one run"
     print(f"\nMembership change time, old world's last step -> every new rank ready ({med}):")
@@ -485,15 +514,21 @@ def report(args: argparse.Namespace, base: dict[str, Any], runs: list[dict[str, 
     for k in range(len(segments) - 1):
         lc, rc = lv["changes"][k], rl["changes"][k]
         print(f"  change {k} breakdown (last run):")
-        print(f"    live:     capture {_fmt(lc.get('rank0_capture_s'))} s, release "
-              f"{_fmt(lc.get('rank0_release_s'))} s, join (rendezvous + fresh model + fully_shard "
-              f"+ AdamW) {_fmt(lc.get('rank0_join_s'))} s, restore {_fmt(lc.get('rank0_restore_s'))}"
-              f" s (rank 0)" + (f"; leaver done in {_fmt(lc['leaver_total_s'])} s"
-                                if lc.get("leaver_total_s") is not None else "")
-              + (f"; joiner start+import {_fmt(lc['joiner_start_import_s'])} s, spawned "
-                 f"{_fmt(lc['joiner_spawned_before_stop_s'])} s and ready "
-                 f"{_fmt(lc['joiner_ready_before_stop_s'])} s before the stop"
-                 if lc.get("joiner_start_import_s") is not None else ""))
+        line = (f"    live:     capture {_fmt(lc.get('rank0_capture_s'))} s, release "
+                f"{_fmt(lc.get('rank0_release_s'))} s, join (rendezvous + fresh model + "
+                f"fully_shard + AdamW) {_fmt(lc.get('rank0_join_s'))} s, restore "
+                f"{_fmt(lc.get('rank0_restore_s'))} s (rank 0)")
+        if lc.get("leaver_total_s") is not None:
+            line += f"; leaver done in {_fmt(lc['leaver_total_s'])} s"
+        if lc.get("joiner_start_import_s") is not None:
+            line += (f"; joiner start+import {_fmt(lc['joiner_start_import_s'])} s, warm-up "
+                     f"{_fmt(lc['joiner_warm_up_s'])} s, spawned "
+                     f"{_fmt(lc['joiner_spawned_before_stop_s'])} s and ready "
+                     f"{_fmt(lc['joiner_ready_before_stop_s'])} s before the stop")
+            if lc.get("spare_wait_s"):
+                line += (f" (the old world waited {_fmt(lc['spare_wait_s'])} s for it before "
+                         "its last step, not counted)")
+        print(line)
         print(f"    relaunch: save {_fmt(rc['save_s'])} s, exit {_fmt(rc['exit_s'])} s, "
               f"spawn + import {_fmt(rc['spawn_import_s'])} s, init {_fmt(rc['init_s'])} s, "
               f"load {_fmt(rc['load_s'])} s")
@@ -561,6 +596,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the last step of each world but the last")
     p.add_argument("--joiner", choices=("warm", "cold"), default="warm")
     p.add_argument("--bug", default="none", choices=("none", "keep_old_shard_map"))
+    p.add_argument("--method", default="fast", choices=("fast", "dcp"),
+                   help="lm_live's handover: two flat all-gathers + direct copies, or DCP's "
+                        "state_dict API")
+    p.add_argument("--replicas", type=int, default=1, help="the LM's HSDP replicas (where they "
+                   "divide the world size)")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds for everything")
     p.add_argument("--keep", help="keep the run folders (logs, results) here")
@@ -571,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [int(x) for x in args.sizes.split(",")]
     after = [int(x) for x in args.change_after.split(",")] if args.change_after else []
-    if len(after) != len(sizes) - 1 or after != sorted(after) or (after and after[-1] >= args.steps - 1):
+    if len(after) != len(sizes) - 1 or after != sorted(after) \
+            or (after and after[-1] >= args.steps - 1):
         p.error("--change-after needs one step per change, increasing, before the last step")
     if max(sizes) > MAX_PROCS or min(sizes) < 1:
         p.error(f"world sizes must be 1..{MAX_PROCS}")
@@ -593,11 +634,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.repeats):
             out = root / f"repeat-{i}"
             out.mkdir(parents=True, exist_ok=True)
-            base = {"segments": segments, "bug": args.bug, "deadline": wall_deadline,
+            base = {"segments": segments, "bug": args.bug, "method": args.method,
+                    "joiner_mode": args.joiner,
+                    "deadline": wall_deadline,
                     "timeout_s": max(30.0, min(120.0, args.timeout / 2)), "out": str(out)}
             modes = {}
             for mode in ("relaunch", "live") if i % 2 == 0 else ("live", "relaunch"):
                 cfg = {"size": args.size, "steps": args.steps, "seed": 0, "ckpt_every": 10 ** 6,
+                       "replicas": args.replicas,
                        "digest": False, "health": False, "log_every": 0,
                        "workdir": str(out / f"work-{mode}")}
                 spec = {**base, "cfg": cfg}
@@ -610,9 +654,9 @@ def main(argv: list[str] | None = None) -> int:
         ok = report(args, {"segments": segments, "cfg": {"steps": args.steps}}, runs)
         if args.json:
             print("JSON " + json.dumps({
-                "changes": [{"live_s": statistics.median(r["live"]["changes"][k]["total_s"] for r in runs),
-                             "relaunch_s": statistics.median(r["relaunch"]["changes"][k]["total_s"]
-                                                             for r in runs)}
+                "changes": [{mode + "_s": statistics.median(r[mode]["changes"][k]["total_s"]
+                                                            for r in runs)
+                             for mode in ("live", "relaunch")}
                             for k in range(len(segments) - 1)],
                 "equal": [r["equal"] for r in runs]}))
         return 0 if ok else 1
