@@ -103,11 +103,12 @@ SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT,
                                Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
 #: object per line over one TCP connection per process. A rank sends ``{"hello": "rank", "gen",
-#: "rank", "pid"}``, reads its generation's plan back as one line, then writes its events exactly
-#: as it would to its events file; a blank line is a heartbeat. A node's agent sends ``{"hello":
-#: "node", "gen", "node", "host"}``, then reports ``{"ranks": {rank: {"pid", "state", "peak",
-#: "code"}}}`` (its ranks as its own kernel sees them) and ``{"bye": code}`` when its agent ends;
-#: it reads commands ``{"signal": n, "rank": r}``. The connection closing is the process ending.
+#: "rank", "pid", "t"}`` (``t``: its clock, so the hub can move its event times onto the
+#: harness's), reads its generation's plan back as one line, then writes its events exactly as it
+#: would to its events file; a blank line is a heartbeat. A node's agent sends ``{"hello": "node",
+#: "gen", "node", "host"}``, then reports ``{"ranks": {rank: {"pid", "state", "peak", "code"}}}``
+#: (its ranks as its own kernel sees them) and ``{"bye": code}`` when its agent ends; it reads
+#: commands ``{"signal": n, "rank": r}``. The connection closing is the process ending.
 HUB_PROTOCOL = 1
 
 RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")

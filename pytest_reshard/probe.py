@@ -35,6 +35,7 @@ Why it is built this way:
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import hashlib
@@ -379,8 +380,11 @@ class Run:
         happens next: a teardown that aborts at interpreter exit (FSDP2's "terminate called
         without an active exception") is not a failure."""
         if self.active:
-            # The rank's own peak: the supervisor samples it every 20 ms only while it lives.
-            self._emit("exit", code=0, peak_rss=_own_peak_rss())
+            # The rank's own peak: the supervisor samples it every 20 ms only while it lives. A
+            # SIGTERM flag that something replaced since would not have recorded a SIGTERM.
+            replaced = self._sigterm_handled and signal.getsignal(signal.SIGTERM) != self._on_sigterm
+            self._emit("exit", code=0, peak_rss=_own_peak_rss(),
+                       **({"sigterm_replaced": True} if replaced else {}))
             self.active = False
             # An async save's last files are still recorded when files are watched; a hub's
             # connection stays open until the process ends (its closing is the end).
@@ -416,12 +420,19 @@ class Run:
         if not self._sigterm_handled and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._sigterm_handled = True
+            if self.active:  # from here on a SIGTERM that lands is recorded (liveness needs to know)
+                self._emit(Ev.SIGNAL, signal="SIGTERM", armed=True)
         return self._stop
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop = True
         if self.active:
-            self._emit(Ev.SIGNAL, signal="SIGTERM")
+            line = json.dumps({"signal": "SIGTERM", "ev": Ev.SIGNAL, "t": time.time(),
+                               "gen": self.generation, "rank": self.rank}) + "\n"
+            if self._hub is not None:  # the interrupted code may hold the connection's lock
+                self._hub.send_soon(line.encode())
+            else:
+                self._write(line.encode())
         if callable(self._previous_sigterm):
             self._previous_sigterm(signum, frame)
 
@@ -469,9 +480,11 @@ class _HubLink:
                 time.sleep(0.1)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._lock = threading.Lock()
+        self._soon: collections.deque[bytes] = collections.deque()  # from signal handlers
         self._forked = False
         self._sock.sendall(json.dumps({"hello": "rank", "protocol": HUB_PROTOCOL, "gen": gen,
-                                       "rank": rank, "pid": os.getpid()}).encode() + b"\n")
+                                       "rank": rank, "pid": os.getpid(),
+                                       "t": time.time()}).encode() + b"\n")
         reply = self._sock.makefile("rb").readline()
         if not reply.strip():
             raise RuntimeError(f"{Env.HUB}={address}: the harness closed the connection "
@@ -485,9 +498,16 @@ class _HubLink:
             return  # a forked child (a data-loader worker) is not the rank
         try:
             with self._lock:  # the heartbeat thread writes too: whole lines only
+                while self._soon:
+                    self._sock.sendall(self._soon.popleft())
                 self._sock.sendall(data)
         except OSError:
             os._exit(ORPHAN_EXIT)  # the harness is gone, as a local rank's supervisor can be
+
+    def send_soon(self, data: bytes) -> None:
+        """From a signal handler: the code it interrupted may be inside ``send``, holding the
+        lock, so the line goes with the next send or heartbeat (within 0.1 s), never mid-line."""
+        self._soon.append(data)
 
     def beat(self) -> None:
         """A blank line; the harness gone (end of file) ends the rank."""

@@ -506,3 +506,31 @@ def test_training_after_sigterm_counts_from_where_the_signal_arrived(delivered, 
                                  "t": b.events[at]["t"] + 0.001})
     problems = _trained_after_sigterm(b.history())
     assert [p["steps"] for p in problems] == ([flagged] if flagged else [])
+
+
+@pytest.mark.parametrize("armed,exit_fields,unknown", [
+    (True, {}, False),                          # the probe's flag was on until it exited
+    (False, {}, True),                          # never asked run.stop_requested()
+    (True, {"sigterm_replaced": True}, True),   # another handler took SIGTERM over
+    (True, None, True),                         # no run.close(): it cannot say
+])
+def test_a_scheduler_sigterm_never_recorded_is_a_pass_only_when_the_probe_would_have_seen_it(
+        armed, exit_fields, unknown) -> None:
+    """A scheduler was asked to preempt, the rank recorded no SIGTERM and ran to the end: it
+    finished before the signal landed, or it ignored it; only the probe's flag tells."""
+    fault = {"rank": 0, "step": 5, "phase": "forward", "kind": "preempt", "id": 0}
+    b = Builder(steps=12, world_size=1, faults=[{"kind": "preempt", "target": "all", "step": 5,
+                                                 "phase": "forward", "params": {"grace_s": 5}}])
+    b.gen(run=range(0, 12), cause=None, fault=fault)
+    if armed:
+        at = next(i for i, e in enumerate(b.events) if e["ev"] == "resumed")
+        b.events.insert(at + 1, {"ev": "signal", "signal": "SIGTERM", "armed": True, "gen": 0,
+                                 "rank": 0, "t": b.events[at]["t"] + 0.001})
+    b.sup("deliver", gen=0, fault_id=0, kind="preempt", grace_s=5.0)
+    if exit_fields is not None:
+        b.rank(0, 0, "exit", code=0, **exit_fields)
+    b.sup("gen_end", gen=0, cause="complete", planned=False, fault_id=0, detail="")
+    v = liveness(b.history())
+    assert v.status == ("unknown" if unknown else "pass"), v
+    if unknown:
+        assert "recorded no SIGTERM after the scheduler was asked to preempt" in v.message

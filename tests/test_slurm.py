@@ -235,6 +235,24 @@ def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_lande
     result = reshard_run(toy, faults=[chaos.preempt(at_step=5)], **SLURM)
     result.assert_ok()
     assert [e["kind"] for e in _supervisor(result) if e["ev"] == "deliver"] == ["preempt"]
-    landed = [e["t"] for e in result.history.events if e["ev"] == "signal" and e["gen"] == 0]
+    landed = [e["t"] for e in result.history.events
+              if e["ev"] == "signal" and e["gen"] == 0 and not e.get("armed")]
     fired = [e["t"] for e in result.history.events if e["ev"] == "fault"]
     assert not landed or min(landed) > max(fired)  # SLURM's, after the point (if before the end)
+
+
+def test_a_node_whose_clock_is_off_has_its_event_times_moved_onto_the_harness_clock(hub):
+    """A rank's clock 30 s behind: its hello says so, and its events land on the harness's
+    clock (a correct rank's events then order with every other node's)."""
+    import socket
+
+    with socket.create_connection(tuple(hub.address.rsplit(":", 1))) as s:
+        behind = time.time() - 30.0
+        s.sendall(json.dumps({"hello": "rank", "protocol": 1, "gen": 0, "rank": 0, "pid": 1,
+                              "t": behind}).encode() + b"\n")
+        assert json.loads(s.makefile("rb").readline())["seed"] == 1234
+        s.sendall(json.dumps({"ev": "begin", "step": 0, "t": behind, "gen": 0,
+                              "rank": 0}).encode() + b"\n\n")
+    _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the connection close")
+    (_, event), = read_jsonl(hub.dir.rank_events(0, 0))[0]
+    assert abs(event["t"] - time.time()) < 5 and abs(hub.offsets[(0, 0)] - 30.0) < 1

@@ -95,11 +95,17 @@ def _log_tail(run_dir: "str | Path | None", gen: int, rank: int, lines: int = 12
     if run_dir is None:
         return f"; read its log, {rel} in the run folder"
     path = RunDir(Path(run_dir)).log(gen, rank)
+    mine = lambda line: True  # noqa: E731 - every line of the rank's own log is its own
+    shared = path.with_name(f"g{gen}-slurm.log")
+    if not path.exists() and shared.exists():
+        # under SLURM the ranks' output is the step's, one file: torch prefixes what a rank
+        # raises with [rank<N>]:
+        path, mine = shared, lambda line: f"[rank{rank}]:" in line
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return f"; its log {path} could not be read"
-    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip() and mine(ln)][-lines:]
     if not tail:
         return f"; its log {path} is empty"
     return f"; its log {path} ends:\n    " + "\n    ".join(tail)

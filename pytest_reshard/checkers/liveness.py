@@ -117,23 +117,21 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
     between two steps allows the next one: the rank may have asked ``stop_requested()`` just
     before it."""
     preempts = _preempt_kinds()
-    delivered = {(e["gen"], e["fault_id"]) for e in history.events if e["ev"] == "deliver"}
+    delivered = _delivered(history)
     problems = []
     for f in history.faults_fired():
         if f.kind not in preempts:
             continue
-        if (f.gen, f.id) in delivered and not any(
-                e["ev"] == "signal" and e["t"] >= (f.t or 0)
-                for e in history.rank_events(gen=f.gen, rank=f.rank)):
-            continue  # the scheduler's SIGTERM never reached it (it had finished, or died of it)
+        if (f.gen, f.id) in delivered and _landed(history, f) is None:
+            continue  # the scheduler's SIGTERM never reached it: see _sigterm_unseen
         seen, arrived, limit, after = False, f.step, f.step, set()
         begun = ended = None
         for e in history.rank_events(gen=f.gen, rank=f.rank):
             if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
                     and e.get("phase") == f.phase:
                 seen = True
-            elif seen and e["ev"] == "signal" and e.get("signal") == "SIGTERM" and \
-                    arrived == f.step and begun is not None and begun > f.step:
+            elif seen and _is_sigterm(e) and arrived == f.step and begun is not None and \
+                    begun > f.step:
                 arrived = begun  # delivered after the point, by a scheduler
                 limit = begun + 1 if ended == begun else begun
             if e["ev"] == "begin":
@@ -165,6 +163,45 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
             others = ", ".join(map(str, p["also"]))
             p["message"] += f" (so did rank{'s' if len(p['also']) > 1 else ''} {others})"
     return problems
+
+
+def _is_sigterm(e: dict[str, Any]) -> bool:
+    """A SIGTERM the probe saw land (not the record that its flag was installed)."""
+    return e["ev"] == "signal" and e.get("signal") == "SIGTERM" and not e.get("armed")
+
+
+def _delivered(history: History) -> set[tuple[int, int]]:
+    """(generation, fault id) of the preemptions a scheduler delivered (``deliver`` events)."""
+    return {(e["gen"], e["fault_id"]) for e in history.events if e["ev"] == "deliver"}
+
+
+def _landed(history: History, f: Any) -> dict[str, Any] | None:
+    """The first SIGTERM that landed on the fault's rank after the fault fired."""
+    return next((e for e in history.rank_events(gen=f.gen, rank=f.rank)
+                 if _is_sigterm(e) and e["t"] >= (f.t or 0.0)), None)
+
+
+def _sigterm_unseen(history: History) -> list[str]:
+    """Ranks a scheduler was asked to SIGTERM that recorded no SIGTERM, where that cannot tell
+    "finished before it landed" from "ignored it": their SIGTERM flag was not the probe's (never
+    installed, or replaced by another handler) or they never said so at exit."""
+    out = []
+    delivered = _delivered(history)
+    for f in history.faults_fired():
+        if (f.gen, f.id) not in delivered or _landed(history, f) is not None:
+            continue
+        events = history.rank_events(gen=f.gen, rank=f.rank)
+        armed = any(e["ev"] == "signal" and e.get("armed") for e in events)
+        exits = [e for e in events if e["ev"] == "exit"]
+        if armed and exits and not exits[-1].get("sigterm_replaced"):
+            continue  # the probe's flag was on until it exited: no SIGTERM landed before that
+        why = ("its SIGTERM flag was replaced by another handler" if exits and
+               exits[-1].get("sigterm_replaced") else "it never called run.stop_requested()"
+               if not armed else "it exited without run.close()")
+        out.append(f"rank {f.rank} recorded no SIGTERM after the scheduler was asked to preempt "
+                   f"generation {f.gen} ({why}), so whether it trained on after one landed is "
+                   "unknown; call run.stop_requested() before training and run.close() at the end")
+    return out
 
 
 def _unfired_reason(history: History, fault: Any, u: Any) -> str:
@@ -306,6 +343,9 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
     if target is None:
         return Verdict.unknown(check, "no scenario record, so the target step is unknown; nothing "
                                "else went wrong", details=details, replay=replay)
+    unseen = _sigterm_unseen(history)
+    if unseen:
+        return Verdict.unknown(check, _summarise(unseen), details=details, replay=replay)
     return Verdict.passed(check, f"reached step {target} in generation {final.gen}; "
                           f"{len(history.detections())} detections, all explained by scheduled "
                           "faults; every scheduled fault fired", details=details, replay=replay)

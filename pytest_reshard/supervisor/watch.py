@@ -133,14 +133,16 @@ class Watch:
             elif kind == Ev.FAULT and ev["id"] not in self.fired:
                 self.fired[ev["id"]] = ev
                 declared = kinds.get(ev["kind"])
-                if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED and self.planned is None:
-                    self.planned = ev
-                    granted = self.live.deliver(ev)  # a scheduler's own grace, if it has one
+                if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED:
+                    granted = self.live.deliver(ev)  # a scheduler's part, and its own grace
                     if granted is not None:
                         self.record(Ev.DELIVER, gen=self.gen, fault_id=ev["id"], kind=ev["kind"],
                                     grace_s=granted)
-                    self.plan_deadline = now + (float(ev["params"][declared.deadline_param])
-                                                if granted is None else granted)
+                    if self.planned is None:  # the grace runs from the delivery
+                        self.planned = ev
+                        self.plan_deadline = time.monotonic() + (
+                            float(ev["params"][declared.deadline_param]) if granted is None
+                            else granted)
             elif kind == Ev.REQUEST and self.planned is None:
                 # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
                 # attributed to the last fault that fired in this generation, if any.

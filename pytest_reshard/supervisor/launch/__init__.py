@@ -195,12 +195,12 @@ def free_port() -> int:
 _next_port = 0
 
 
-def wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(done: Callable[[], bool], timeout: float, what: str, poll: float = 0.01) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} still alive {timeout:.0f} s after SIGKILL")
-        time.sleep(0.01)
+        time.sleep(poll)
 
 
 def module_or_script(argv: Sequence[str]) -> list[str]:

@@ -49,7 +49,7 @@ from typing import Any, Callable
 from pytest_reshard.contract import HUB_PROTOCOL, Env, RunDir
 from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
-                                              module_or_script)
+                                              module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.elastic import _UNSET_FOR_AGENTS
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 
@@ -61,7 +61,9 @@ RDZV_CONF = "is_host=false,join_timeout=60,last_call_timeout=1,close_timeout=10"
 #: How often a node agent reports its ranks (its own heartbeat, too).
 REPORT_S = 0.02
 #: States in which a node takes no new step (``scontrol show node``'s State, before any ``+``).
-_UNUSABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "RESERVED", "UNKNOWN")
+_UNUSABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "UNKNOWN")
+#: The Reason of a drain this launcher made: ``pytest-reshard:job<J>:...`` (swept once job J is gone).
+_REASON = "pytest-reshard:job"
 #: A rank gone (its connection closed) whose code its agent has not reported yet: wait this long.
 _CODE_WAIT_S = 1.0
 
@@ -90,6 +92,17 @@ class Allocation:
 
     def __init__(self, nodes: int, *, minutes: int, note: Callable[[str, dict[str, Any]], None]):
         self.own = "SLURM_JOB_ID" not in os.environ
+        self.job = ""
+        self.drained: set[str] = set()   # nodes this launcher drained (resumed at release)
+        self.lost: set[str] = set()      # nodes whose step tasks died (kill_node)
+        try:
+            self._take(nodes, minutes, note)
+        except BaseException:
+            self.release()  # an allocation we took is given back, whatever failed after salloc
+            raise
+
+    def _take(self, nodes: int, minutes: int, note: Callable[[str, dict[str, Any]], None]) -> None:
+        _resume_stale_drains()
         if self.own:
             done = _slurm("salloc", "--no-shell", f"--nodes={nodes}", "--job-name=pytest-reshard",
                           f"--time={minutes}", "--immediate=120", timeout=150)
@@ -102,16 +115,13 @@ class Allocation:
         node_list = _field(_slurm("scontrol", "show", "job", "-o", self.job).stdout, "NodeList")
         self.nodes = _slurm("scontrol", "show", "hostnames", node_list).stdout.split()
         if len(self.nodes) < nodes:
-            self.release()
             raise ValueError(f"the allocation {self.job} has {len(self.nodes)} nodes "
                              f"({' '.join(self.nodes)}), the scenario asks for nodes={nodes}")
-        self.lost: set[str] = set()      # nodes whose step tasks died (kill_node)
-        self.drained: set[str] = set()   # nodes this launcher drained (resumed at release)
         config = _slurm("scontrol", "show", "config").stdout
         #: The grace SLURM gives between a step's SIGTERM and its SIGKILL.
         self.kill_wait_s = float(re.search(r"KillWait\s*=\s*(\d+)", config).group(1))  # type: ignore[union-attr]
-        note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own, "nodes": self.nodes,
-                       "kill_wait_s": self.kill_wait_s})
+        note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
+                       "nodes": self.nodes, "kill_wait_s": self.kill_wait_s})
 
     def usable(self) -> list[str]:
         """Nodes of the allocation a new step may use: not lost, not drained or down."""
@@ -122,28 +132,50 @@ class Allocation:
                 out.append(node)
         return out
 
-    def drain(self, nodes: Sequence[str], reason: str) -> None:
+    def drain(self, nodes: Sequence[str], what: str) -> None:
+        """``State=DRAIN``, with a Reason that names our job: a drain that outlives a killed
+        harness is resumed by the next launcher once that job is gone."""
         for node in nodes:
-            _slurm("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
             self.drained.add(node)
+            _slurm("scontrol", "update", f"NodeName={node}", "State=DRAIN",
+                   f"Reason={_REASON}{self.job}:{what}")
 
-    def steps(self, prefix: str) -> list[str]:
-        """This allocation's steps whose name starts with ``prefix`` (``job.step`` ids)."""
+    def steps(self, name: str) -> list[str]:
+        """This allocation's steps called ``name`` (``job.step`` ids)."""
         out = _slurm("squeue", "--steps", "--noheader", f"--jobs={self.job}", "--format=%i %j",
                      check=False).stdout
-        return [line.split()[0] for line in out.splitlines()
-                if len(line.split()) == 2 and line.split()[1].startswith(prefix)]
+        return [line.split()[0] for line in out.splitlines() if line.split()[1:] == [name]]
 
     def release(self) -> None:
-        """Resume what we drained; cancel our allocation and wait (bounded) until it is gone."""
+        """Resume what we drained (if the drain is still ours, not an admin's since); cancel our
+        allocation and wait (bounded) until it is gone."""
         for node in sorted(self.drained):
-            _slurm("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+            if _reason(node).startswith(f"{_REASON}{self.job}:"):
+                _slurm("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
         self.drained.clear()
-        if self.own:
+        if self.own and self.job:
             _slurm("scancel", self.job, check=False)
-            _wait(lambda: not _slurm("squeue", "--noheader", f"--jobs={self.job}",
-                                     check=False).stdout.strip(), 30.0,
-                  f"SLURM job {self.job} after scancel")
+            wait_until(lambda: not _slurm("squeue", "--noheader", f"--jobs={self.job}",
+                                          check=False).stdout.strip(), 30.0,
+                       f"SLURM job {self.job}", poll=0.1)
+
+
+def _reason(node: str) -> str:
+    found = re.search(r"\bReason=(.*?)(?: \w+=|$)", _slurm("scontrol", "show", "node", "-o", node,
+                                                           check=False).stdout)
+    return found.group(1) if found else ""
+
+
+def _resume_stale_drains() -> None:
+    """Resume the nodes a launcher drained for a job that is gone (a harness killed mid-run)."""
+    out = _slurm("sinfo", "--noheader", "--list-reasons", "--format=%N|%E", check=False).stdout
+    for line in out.splitlines():
+        nodes, _, reason = line.partition("|")
+        found = re.match(rf"{_REASON}(\d+):", reason.strip())
+        if found and not _slurm("squeue", "--noheader", f"--jobs={found.group(1)}",
+                                check=False).stdout.strip():
+            for node in _slurm("scontrol", "show", "hostnames", nodes).stdout.split():
+                _slurm("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
 
 
 def _field(line: str, name: str) -> str:
@@ -151,14 +183,6 @@ def _field(line: str, name: str) -> str:
     if not found:
         raise RuntimeError(f"no {name}= in SLURM's answer: {line.strip()[:300]}")
     return found.group(1)
-
-
-def _wait(done: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} still there {timeout:.0f} s later")
-        time.sleep(0.1)
 
 
 def head_address(first_node: str) -> str:
@@ -169,7 +193,12 @@ def head_address(first_node: str) -> str:
     addr = _field(_slurm("scontrol", "show", "node", "-o", first_node).stdout, "NodeAddr")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((addr, 9))
-        return s.getsockname()[0]
+        local = s.getsockname()[0]
+    if local.startswith("127."):
+        raise RuntimeError(f"the first node, {first_node}, resolves to {addr}, a loopback address "
+                           "of this machine: other nodes could not reach a hub there. Set "
+                           "RESHARD_SLURM_HEAD to this machine's address on the nodes' network")
+    return local
 
 
 class SlurmLauncher:
@@ -281,46 +310,44 @@ class SlurmGeneration(LiveGeneration):
         self._alloc: Allocation = launcher.allocation  # type: ignore[assignment]
         self.gen, self.world_size, self.nodes, self.name = gen, world_size, nodes, name
         self._killed = False
-        self._term_at: float | None = None  # when SLURM was asked to SIGTERM the step
-
-    def _ranks(self) -> dict[int, dict[str, Any]]:
-        return {r: info for r in range(self.world_size)
-                if (info := self._hub.rank_of(self.gen, r)) is not None}
 
     def pids(self) -> dict[int, int]:
         """The ranks' pids on their own nodes (not this machine's processes)."""
-        return {r: int(info["pid"]) for r, info in self._ranks().items()}
+        return {r: int(info["pid"]) for r in range(self.world_size)
+                if (info := self._hub.rank_of(self.gen, r)) is not None}
 
     def exit_codes(self) -> dict[int, int | None]:
-        """A rank has ended when its connection closed; its code is what its agent saw, or
-        SIGKILL when its agent is gone too (its node was killed)."""
-        self._enforce_kill_wait()
-        now = time.time()
+        """A rank has ended when its connection closed or its agent saw it exit; its code is
+        what its agent saw, or SIGKILL when its agent is gone too (its node was killed)."""
+        self._hub.check()
         srun_done = self._srun.poll() is not None
+        if srun_done and not any(g == self.gen for g, _ in self._hub.nodes):
+            raise RuntimeError(f"SLURM step {self.name} ended (srun exit {self._srun.returncode}) "
+                               "before any node agent reached the hub at "
+                               f"{self._hub.address}: {_tail(self._log())}")
+        now = time.time()
         codes: dict[int, int | None] = {}
         for rank in range(self.world_size):
-            key = (self.gen, rank)
-            if key not in self._hub.beats:  # never connected: starting, or never will
-                codes[rank] = None if not srun_done else -signal.SIGKILL
-                continue
-            ended = self._hub.ended.get(key)
-            if ended is None:
-                codes[rank] = None
-                continue
             info = self._hub.rank_of(self.gen, rank) or {}
             view = self._hub.node_of(self.gen, rank)
+            ended = self._hub.ended.get((self.gen, rank))
             if info.get("code") is not None:
                 codes[rank] = int(info["code"])
-            elif (view is None or view.gone is not None or srun_done
-                  or now - ended > _CODE_WAIT_S):
-                codes[rank] = -signal.SIGKILL
+            elif ended is None and (self.gen, rank) in self._hub.beats:
+                codes[rank] = None  # connected and alive
+            elif view is not None and view.gone is None and not srun_done and \
+                    (ended is None or now - ended < _CODE_WAIT_S):
+                codes[rank] = None  # starting, or its agent's report is on its way
+            elif view is None and not srun_done:
+                codes[rank] = None  # not started yet
             else:
-                codes[rank] = None  # its agent's report is on its way
+                codes[rank] = -signal.SIGKILL  # its agent is gone without a word: the node died
         return codes
 
     def signal(self, rank: int, sig: int) -> None:
+        """Through the rank's node agent; an agent that cannot be reached takes its step down."""
         if not self._hub.command(self.gen, rank, signal=int(sig)) and sig == signal.SIGKILL:
-            self._cancel("KILL")  # its agent is unreachable: the step goes
+            self._cancel("KILL")
 
     def state(self, rank: int) -> str | None:
         info = self._hub.rank_of(self.gen, rank)
@@ -334,17 +361,17 @@ class SlurmGeneration(LiveGeneration):
         return self._hub.beats.get((self.gen, rank))
 
     def deliver(self, fault: dict[str, Any]) -> float | None:
-        """What SLURM does for a planned fault: a preemption's SIGTERM (then SIGKILL after
-        KillWait, which is returned as the grace), a drain of the nodes a smaller world leaves."""
+        """What SLURM does for a planned fault: a preemption's SIGTERM to the whole step (then,
+        as SLURM does, SIGKILL after KillWait: the returned grace, which the supervisor enforces
+        by ending the step), a drain of the nodes a smaller world leaves."""
         if fault["kind"] == "preempt":
             self._cancel("TERM")
-            self._term_at = time.monotonic()
             return self._alloc.kill_wait_s
         size = fault["params"].get("to_world_size")
         per_node = self._launcher.per_node or 1
         if fault["kind"] == "shift_shards" and size is not None and size < self.world_size:
             drained = self.nodes[-(-int(size) // per_node):]
-            self._alloc.drain(drained, f"pytest-reshard:{self.name}:drain-to-{size}")
+            self._alloc.drain(drained, f"{self.name}:drain-to-{size}")
             self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
                                            "drained": drained, "fault_id": fault["id"]})
         return None
@@ -354,8 +381,7 @@ class SlurmGeneration(LiveGeneration):
         for (gen, _), view in list(self._hub.nodes.items()):
             if gen == self.gen and view.gone is not None and view.bye is None:
                 self._alloc.lost.add(view.host)
-        return len([n for n in self._alloc.nodes if n not in self._alloc.lost]) * \
-            (self._launcher.per_node or 1)
+        return len(self._alloc.usable()) * (self._launcher.per_node or 1)
 
     def kill(self) -> None:
         """The step is cancelled (SIGKILL on every node) and gone from squeue; srun has exited."""
@@ -369,21 +395,34 @@ class SlurmGeneration(LiveGeneration):
         except subprocess.TimeoutExpired:
             procfs.killpg(self._srun.pid)
             self._srun.wait(timeout=KILL_WAIT_S)
-        _wait(lambda: not self._alloc.steps(self.name), 30.0, f"SLURM step {self.name}")
+        wait_until(lambda: not self._alloc.steps(self.name), 30.0, f"SLURM step {self.name}",
+                   poll=0.1)
+        skew = {f"{g}/{r}": round(o, 4) for (g, r), o in self._hub.offsets.items() if g == self.gen}
+        if skew:
+            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+                                           "clock_offsets_s": skew})
 
     def _cancel(self, sig: str) -> None:
         steps = self._alloc.steps(self.name)
+        if not steps and sig != "KILL":
+            raise RuntimeError(f"SLURM step {self.name} is not in squeue: nothing to send "
+                               f"SIG{sig} to ({_tail(self._log())})")
         for step in steps:
-            _slurm("scancel", f"--signal={sig}", step, check=False)
+            _slurm("scancel", f"--signal={sig}", step, check=sig != "KILL")
         if sig != "KILL":  # the end of every step is recorded by gen_end; a signal is news
             self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
                                            "scancel": sig, "steps": steps})
 
-    def _enforce_kill_wait(self) -> None:
-        if self._term_at is not None and time.monotonic() - self._term_at > \
-                self._alloc.kill_wait_s:
-            self._term_at = None
-            self._cancel("KILL")
+    def _log(self) -> Path:
+        return self._hub.dir.log(self.gen, 0).with_name(f"g{self.gen}-slurm.log")
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return f"no log at {path}"
+    return f"{path} ends: " + " | ".join(text[-lines:]) if text else f"{path} is empty"
 
 
 # -- the node agent --------------------------------------------------------------------------
@@ -393,29 +432,39 @@ class _Reporter:
     def __init__(self, hub: str, gen: int) -> None:
         host, _, port = hub.rpartition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=30)
+        self.sock.settimeout(None)
         self.node = int(os.environ.get("SLURM_NODEID", "0"))
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        self.sock.sendall(json.dumps({"hello": "node", "protocol": HUB_PROTOCOL, "gen": gen,
-                                      "node": self.node, "host": self.host}).encode() + b"\n")
-        self.sock.setblocking(False)
         self.lock = threading.Lock()
         self.ranks: dict[int, int] = {}        # pid -> rank
         self.codes: dict[int, int] = {}        # pid -> exit code (negative: a signal)
         self.peaks: dict[int, int] = {}
         self._buf = b""
+        self.send({"hello": "node", "protocol": HUB_PROTOCOL, "gen": gen, "node": self.node,
+                   "host": self.host})
 
     def send(self, obj: dict[str, Any] | None = None) -> None:
         """Send ``obj``, or (None) a report of every rank as the kernel sees it now."""
         with self.lock:
             if obj is None:
                 obj = {"ranks": self._ranks()}
-            self.sock.setblocking(True)
             try:
                 self.sock.sendall(json.dumps(obj).encode() + b"\n")
             except OSError:
                 self.orphaned()
-            finally:
-                self.sock.setblocking(False)
+
+    def orphaned(self) -> None:
+        """The harness is gone: so is everything it started on this node."""
+        for pid in list(self.ranks):
+            procfs.killpg(pid)
+        os._exit(70)
+
+    def exited(self, pid: int, code: int) -> None:
+        """A child's exit code, from whichever reader saw it first."""
+        if pid not in self.codes:
+            self.codes[pid] = code
+            if pid in self.ranks:
+                self.send()  # at once: the harness is waiting for this code
 
     def _ranks(self) -> dict[int, dict[str, Any]]:
         ranks = {}
@@ -426,12 +475,6 @@ class _Reporter:
             ranks[rank] = {"pid": pid, "state": procfs.state(pid), "peak": self.peaks.get(pid),
                            "code": self.codes.get(pid)}
         return ranks
-
-    def orphaned(self) -> None:
-        """The harness is gone: so is everything it started on this node."""
-        for pid in self.ranks:
-            procfs.killpg(pid)
-        os._exit(70)
 
     def report_forever(self) -> None:
         while True:
@@ -446,7 +489,7 @@ class _Reporter:
 
     def _commands(self) -> None:
         try:
-            chunk = self.sock.recv(1 << 16)
+            chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
         except BlockingIOError:
             return
         except OSError:
@@ -455,13 +498,17 @@ class _Reporter:
             self.orphaned()
         *lines, self._buf = (self._buf + chunk).split(b"\n")
         for line in lines:
-            cmd = json.loads(line)
-            pid = next((p for p, r in self.ranks.items() if r == cmd["rank"]), None)
-            if pid is not None and "signal" in cmd:
-                procfs.killpg(pid, int(cmd["signal"]))
+            try:
+                cmd = json.loads(line)
+                pid = next((p for p, r in self.ranks.items() if r == cmd["rank"]), None)
+                if pid is not None and "signal" in cmd:
+                    procfs.killpg(pid, int(cmd["signal"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # not a command of ours: the harness logs what it sends
 
-    def reap_watch_forever(self) -> None:
-        """Read each child's exit as the kernel reports it, leaving it for torch to reap."""
+    def watch_exits_forever(self) -> None:
+        """Read each child's exit as the kernel reports it (``WNOWAIT``: torch still reaps it);
+        ``watch_reaps`` catches the ones torch reaped first."""
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
@@ -470,26 +517,27 @@ class _Reporter:
                 continue
             if info is None:
                 continue
-            pid = info.si_pid
-            self.codes[pid] = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-            if pid in self.ranks:
-                self.send()  # at once: the harness is waiting for this code
-            # Until torch reaps it, waitid(P_ALL) returns this one again: watch the others alone.
-            while _zombie_of_ours(pid):
-                for other in list(self.ranks):
-                    if other != pid and other not in self.codes:
-                        try:
-                            seen = os.waitid(os.P_PID, other, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-                        except ChildProcessError:
-                            continue
-                        if seen is not None:
-                            self.codes[other] = seen.si_status if seen.si_code == os.CLD_EXITED \
-                                else -seen.si_status
-                            self.send()
+            self.exited(info.si_pid, _code(info))
+            while _zombie(info.si_pid):  # until torch reaps it, waitid(P_ALL) returns it again
                 time.sleep(0.001)
 
+    def watch_reaps(self) -> None:
+        """Every exit status Python's ``subprocess`` reaps in this process (torch's agent reaps
+        its workers with ``Popen.poll``/``wait``) is reported too: none is lost to a race."""
+        reporter, original = self, subprocess.Popen._handle_exitstatus  # type: ignore[attr-defined]
 
-def _zombie_of_ours(pid: int) -> bool:
+        def handle(popen: subprocess.Popen, *args: Any, **kwargs: Any) -> None:
+            original(popen, *args, **kwargs)
+            if popen.returncode is not None:
+                reporter.exited(popen.pid, popen.returncode)
+        subprocess.Popen._handle_exitstatus = handle  # type: ignore[attr-defined]
+
+
+def _code(info: Any) -> int:
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _zombie(pid: int) -> bool:
     try:
         return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
@@ -514,7 +562,8 @@ def _agent(argv: Sequence[str]) -> int:
                          "--hub HOST:PORT --gen G -- TORCHRUN_ARGS...")
     reporter = _Reporter(argv[1], int(argv[3]))
     os.environ[Env.NODE] = str(reporter.node)
-    threading.Thread(target=reporter.reap_watch_forever, daemon=True).start()
+    reporter.watch_reaps()
+    threading.Thread(target=reporter.watch_exits_forever, daemon=True).start()
     threading.Thread(target=reporter.report_forever, daemon=True).start()
     from torch.distributed.run import main
 
@@ -525,7 +574,7 @@ def _agent(argv: Sequence[str]) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:
-        time.sleep(2 * REPORT_S)  # the last exit codes reach the hub before the goodbye
+        reporter.send()  # the last exit codes, then the goodbye
         reporter.send({"bye": code})
     return code
 
