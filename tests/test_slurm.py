@@ -256,3 +256,32 @@ def test_a_node_whose_clock_is_off_has_its_event_times_moved_onto_the_harness_cl
     _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the connection close")
     (_, event), = read_jsonl(hub.dir.rank_events(0, 0))[0]
     assert abs(event["t"] - time.time()) < 5 and abs(hub.offsets[(0, 0)] - 30.0) < 1
+
+
+def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_path, cluster):
+    """SIGKILL the harness mid-training: its ranks see the hub's connection close and end, the
+    agents kill what is left on their nodes, and salloc, whose command reads a pipe only the
+    harness held, gives the allocation back (no waiting for its time limit)."""
+    run = tmp_path / "run"
+    code = ("from pathlib import Path\nfrom pytest_reshard.session import Session, scenario_from\n"
+            f"with Session(Path({str(tmp_path / 'art')!r})) as s:\n"
+            "    s.execute(scenario_from('lm', world_size=4, steps=400, launcher='slurm', "
+            f"nodes=2, timeout_s=300), Path({str(run)!r}))\n")
+    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _until(lambda: all('"ev":"begin"' in _text(run / "events" / f"g0-r{r}.jsonl")
+                           for r in range(4)), 120, "every rank trained")
+        assert _squeue()
+    finally:
+        harness.kill()
+        harness.wait(timeout=30)
+    _until(lambda: not _squeue() and not _node_processes(), 30,
+           "the allocation and every process on the nodes gone")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

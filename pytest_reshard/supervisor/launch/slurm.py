@@ -1,9 +1,9 @@
 """``slurm``: each generation is one ``srun`` job step of an allocation, one torchrun agent per node.
 
 Inside ``salloc``/``sbatch`` (``SLURM_JOB_ID`` set) the launcher uses that allocation and only
-ever cancels the steps it started; elsewhere it takes ``nodes`` nodes itself (``salloc
---no-shell``, with a time limit so that SLURM ends it even if the harness is killed) and cancels
-it at the end. A generation is ``srun -N k`` on the fewest usable nodes that hold its ranks (at
+ever cancels the steps it started; elsewhere it takes ``nodes`` nodes itself (an ``salloc`` that
+holds them while the harness lives, with a time limit as the last resort) and gives them back at
+the end. A generation is ``srun -N k`` on the fewest usable nodes that hold its ranks (at
 most the first generation's ranks per node, the same number on each), each task the node agent
 below, which runs torch's own agent (``torch.distributed.run.main``: c10d rendezvous on a store
 the harness hosts, ``--max-restarts=0``): a new world size is a new step on more or fewer nodes.
@@ -104,12 +104,7 @@ class Allocation:
     def _take(self, nodes: int, minutes: int, note: Callable[[str, dict[str, Any]], None]) -> None:
         _resume_stale_drains()
         if self.own:
-            done = _slurm("salloc", "--no-shell", f"--nodes={nodes}", "--job-name=pytest-reshard",
-                          f"--time={minutes}", "--immediate=120", timeout=150)
-            found = re.search(r"Granted job allocation (\d+)", done.stderr + done.stdout)
-            if not found:
-                raise RuntimeError(f"salloc gave no allocation: {(done.stderr + done.stdout).strip()}")
-            self.job = found.group(1)
+            self.job = self._salloc(nodes, minutes)
         else:
             self.job = os.environ["SLURM_JOB_ID"]
         node_list = _field(_slurm("scontrol", "show", "job", "-o", self.job).stdout, "NodeList")
@@ -122,6 +117,31 @@ class Allocation:
         self.kill_wait_s = float(re.search(r"KillWait\s*=\s*(\d+)", config).group(1))  # type: ignore[union-attr]
         note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
                        "nodes": self.nodes, "kill_wait_s": self.kill_wait_s})
+
+    def _salloc(self, nodes: int, minutes: int) -> str:
+        """Our allocation's job id. ``salloc`` holds it for as long as its command runs, and the
+        command reads a pipe only this process writes: when the harness ends, however it ends,
+        salloc gives the nodes back at once (the time limit is the last resort)."""
+        import tempfile
+
+        self._said = tempfile.TemporaryFile("w+")
+        # no PR_SET_PDEATHSIG here: a SIGKILLed salloc could not give the allocation back
+        self._holder = subprocess.Popen(
+            ["salloc", f"--nodes={nodes}", "--job-name=pytest-reshard", f"--time={minutes}",
+             "--immediate=120", sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=self._said,
+            start_new_session=True)
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            self._said.seek(0)
+            said = self._said.read()
+            found = re.search(r"Granted job allocation (\d+)", said)
+            if found:
+                return found.group(1)
+            if self._holder.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"salloc gave no allocation: {said.strip() or 'nothing in 150 s'}")
 
     def usable(self) -> list[str]:
         """Nodes of the allocation a new step may use: not lost, not drained or down."""
@@ -153,6 +173,15 @@ class Allocation:
             if _reason(node).startswith(f"{_REASON}{self.job}:"):
                 _slurm("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
         self.drained.clear()
+        holder = getattr(self, "_holder", None)
+        if holder is not None:
+            holder.stdin.close()  # its command ends, and salloc gives the allocation back
+            try:
+                holder.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                procfs.killpg(holder.pid)
+                holder.wait(timeout=KILL_WAIT_S)
+            self._said.close()
         if self.own and self.job:
             _slurm("scancel", self.job, check=False)
             wait_until(lambda: not _slurm("squeue", "--noheader", f"--jobs={self.job}",
