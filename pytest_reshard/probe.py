@@ -382,7 +382,8 @@ class Run:
         if self.active:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives. A
             # SIGTERM flag that something replaced since would not have recorded a SIGTERM.
-            replaced = self._sigterm_handled and signal.getsignal(signal.SIGTERM) != self._on_sigterm
+            replaced = (self._sigterm_handled
+                        and signal.getsignal(signal.SIGTERM) != self._on_sigterm)
             self._emit("exit", code=0, peak_rss=_own_peak_rss(),
                        **({"sigterm_replaced": True} if replaced else {}))
             self.active = False
@@ -420,7 +421,7 @@ class Run:
         if not self._sigterm_handled and threading.current_thread() is threading.main_thread():
             self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._sigterm_handled = True
-            if self.active:  # from here on a SIGTERM that lands is recorded (liveness needs to know)
+            if self.active:  # from here on a SIGTERM that lands is recorded (liveness asks)
                 self._emit(Ev.SIGNAL, signal="SIGTERM", armed=True)
         return self._stop
 
@@ -443,7 +444,6 @@ class Run:
                 self._emit("fault", step=step, phase=phase, kind=fault["kind"], id=fault["id"],
                            params=fault["params"])
             _executor(fault)(self, fault)
-
 
 
 def _beat(beat: Callable[[], None]) -> None:

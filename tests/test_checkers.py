@@ -486,6 +486,8 @@ def test_liveness_when_the_supervisor_gave_up() -> None:
     (False, None, 7, {6, 7}),           # ... no arrival recorded (SIGTERM ignored): from the point
     (True, ("begin", 6), 6, set()),     # a scheduler's SIGTERM lands in step 6; it stops after it
     (True, ("end", 6), 7, set()),       # ... lands between steps 6 and 7: step 7 may begin
+    (True, ("end", 5), 6, set()),       # ... lands right after the fault's own step: step 6 may
+    (True, ("end", 5), 7, {7}),         # ... but not step 7
     (True, ("begin", 6), 8, {7, 8}),    # ... lands in step 6, and it trains 7 and 8: the fail
     (True, None, 11, set()),            # ... never lands: the rank finished first
 ])

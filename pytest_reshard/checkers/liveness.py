@@ -124,15 +124,14 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
             continue
         if (f.gen, f.id) in delivered and _landed(history, f) is None:
             continue  # the scheduler's SIGTERM never reached it: see _sigterm_unseen
-        seen, arrived, limit, after = False, f.step, f.step, set()
+        seen, landed, arrived, limit, after = False, False, f.step, f.step, set()
         begun = ended = None
         for e in history.rank_events(gen=f.gen, rank=f.rank):
             if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
                     and e.get("phase") == f.phase:
                 seen = True
-            elif seen and _is_sigterm(e) and arrived == f.step and begun is not None and \
-                    begun > f.step:
-                arrived = begun  # delivered after the point, by a scheduler
+            elif seen and not landed and _is_sigterm(e) and begun is not None:
+                landed, arrived = True, begun  # in the step begun last, or just after it ended
                 limit = begun + 1 if ended == begun else begun
             if e["ev"] == "begin":
                 begun = int(e["step"])

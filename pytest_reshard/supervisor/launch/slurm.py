@@ -62,7 +62,7 @@ RDZV_CONF = "is_host=false,join_timeout=60,last_call_timeout=1,close_timeout=10"
 REPORT_S = 0.02
 #: States in which a node takes no new step (``scontrol show node``'s State, before any ``+``).
 _UNUSABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "UNKNOWN")
-#: The Reason of a drain this launcher made: ``pytest-reshard:job<J>:...`` (swept once job J is gone).
+#: The Reason of a drain this launcher made, ``pytest-reshard:job<J>:...`` (swept once J is gone).
 _REASON = "pytest-reshard:job"
 #: A rank gone (its connection closed) whose code its agent has not reported yet: wait this long.
 _CODE_WAIT_S = 1.0
@@ -70,7 +70,8 @@ _CODE_WAIT_S = 1.0
 
 def slurm_unavailable() -> str | None:
     """Why this machine cannot reach a SLURM cluster, or None."""
-    missing = [c for c in ("srun", "salloc", "scancel", "scontrol", "squeue") if not shutil.which(c)]
+    missing = [c for c in ("srun", "salloc", "scancel", "scontrol", "squeue", "sinfo")
+               if not shutil.which(c)]
     if missing:
         return f"no SLURM client commands on PATH ({', '.join(missing)} missing)"
     done = _slurm("scontrol", "ping", check=False)
@@ -114,7 +115,10 @@ class Allocation:
                              f"({' '.join(self.nodes)}), the scenario asks for nodes={nodes}")
         config = _slurm("scontrol", "show", "config").stdout
         #: The grace SLURM gives between a step's SIGTERM and its SIGKILL.
-        self.kill_wait_s = float(re.search(r"KillWait\s*=\s*(\d+)", config).group(1))  # type: ignore[union-attr]
+        found = re.search(r"KillWait\s*=\s*(\d+)", config)
+        if not found:
+            raise RuntimeError(f"no KillWait in `scontrol show config`: {config[:300]}")
+        self.kill_wait_s = float(found.group(1))
         note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
                        "nodes": self.nodes, "kill_wait_s": self.kill_wait_s})
 
@@ -281,7 +285,7 @@ class SlurmLauncher:
             self._store = TCPStore(head, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
         assert self.per_node is not None
-        count = -(-world // self.per_node)  # the fewest nodes that hold it, as evenly as torchrun needs
+        count = -(-world // self.per_node)  # the fewest nodes that hold it (evenly, for torchrun)
         if world % count:
             raise ValueError(f"world size {world} needs {count} nodes of at most {self.per_node} "
                              f"ranks, but does not split evenly over {count} (torchrun starts "
