@@ -85,10 +85,8 @@ class Hub:
     # -- what the launcher asks ---------------------------------------------------------------
     def rank_of(self, gen: int, rank: int) -> dict[str, Any] | None:
         """What rank ``rank``'s node agent last said of it (pid, state, peak, code), if any."""
-        for (g, _), view in list(self.nodes.items()):
-            if g == gen and rank in view.ranks:
-                return view.ranks[rank]
-        return None
+        view = self.node_of(gen, rank)
+        return None if view is None else view.ranks.get(rank)
 
     def node_of(self, gen: int, rank: int) -> NodeView | None:
         for (g, _), view in list(self.nodes.items()):

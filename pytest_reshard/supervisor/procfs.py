@@ -60,9 +60,14 @@ def running(pid: int) -> bool:
 
 
 def children(pid: int) -> list[int]:
-    """The pids whose parent is ``pid``."""
-    return [int(e.name) for e in Path("/proc").iterdir()
-            if e.name.isdigit() and parent(int(e.name)) == pid]
+    """The pids whose parent is ``pid``: the kernel's own list of each of its threads'
+    children where it keeps one (``CONFIG_PROC_CHILDREN``), else a scan of every process."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        return sorted({int(c) for t in tasks for c in (t / "children").read_bytes().split()})
+    except OSError:  # gone (a thread, or it), or no children files: every /proc entry's parent
+        return [int(e.name) for e in Path("/proc").iterdir()
+                if e.name.isdigit() and parent(int(e.name)) == pid]
 
 
 def killpg(pid: int, sig: int = signal.SIGKILL) -> None:

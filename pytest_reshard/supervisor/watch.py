@@ -197,10 +197,10 @@ class Watch:
     def _watch_memory(self, live: LiveGeneration, codes: dict[int, int | None]) -> None:
         """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""
         budget = self.sc.memory_budget_bytes
-        for rank in live.pids():
+        for rank, pid in live.pids().items():
             if codes.get(rank) is not None:
                 continue
-            peak = live.peak_rss(rank)
+            peak = live.peak_rss(rank, pid)
             if peak is None:
                 continue
             self.peaks[rank] = max(peak, self.peaks.get(rank, 0))
@@ -309,13 +309,14 @@ class Watch:
         heartbeat, and a false "stopped" is a false verdict. State T comes only from a signal,
         never from load, so it needs no heartbeat to be believed."""
         now, mono = time.time(), time.monotonic()
+        pids = self.live.pids()
         for rank, code in codes.items():
             if code is not None:
                 continue
             events = self.tail.events(self.gen, rank)
             if events and events[-1]["ev"] == Ev.EXIT:
                 continue  # closed: its interpreter is exiting, and the heartbeat with it
-            state = self.live.state(rank)
+            state = self.live.state(rank, pids.get(rank))
             if state == "T":
                 since = self.stopped_since.setdefault(rank, mono)
                 if mono - since >= STOP_CONFIRM_S:

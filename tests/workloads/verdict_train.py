@@ -177,7 +177,7 @@ for step in range(start, args.steps):
         else:
             s.record(samples=ids)
         if args.bug_exit_at == step and rank == args.bug_rank:
-            os._exit(0)
+            os._exit(0)  # BUG bug_exit_at: a silent death mid-run
         s.point("forward")
         noise = 0.01 * torch.randn(GLOBAL_BATCH, 8, generator=rng)[rank * per_rank:(rank + 1) * per_rank]
         torch.rand(1, generator=rank_rng)  # a per-rank draw (dropout's, say): it moves the stream

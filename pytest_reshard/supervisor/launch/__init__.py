@@ -67,12 +67,12 @@ class LiveGeneration:
         """Every process of the generation is gone when this returns (bounded by KILL_WAIT_S)."""
         raise NotImplementedError
 
-    def state(self, rank: int) -> str | None:
-        """The kernel's state letter of a live rank (``T``: stopped), None if unknown."""
-        return procfs.state(self.pids().get(rank))
+    def state(self, rank: int, pid: int | None) -> str | None:
+        """The kernel's state letter of a live rank (``T``: stopped), None if unknown. ``pid``:
+        the rank's, from ``pids()`` (a launcher whose ranks run elsewhere uses its reports)."""
+        return procfs.state(pid)
 
-    def peak_rss(self, rank: int) -> int | None:
-        pid = self.pids().get(rank)
+    def peak_rss(self, rank: int, pid: int | None) -> int | None:
         return None if pid is None else procfs.peak_rss(pid)
 
     def last_beat(self, rank: int) -> float | None:

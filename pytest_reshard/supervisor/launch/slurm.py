@@ -382,11 +382,11 @@ class SlurmGeneration(LiveGeneration):
         if not self._hub.command(self.gen, rank, signal=int(sig)) and sig == signal.SIGKILL:
             self._cancel("KILL")
 
-    def state(self, rank: int) -> str | None:
+    def state(self, rank: int, pid: int | None) -> str | None:
         info = self._hub.rank_of(self.gen, rank)
         return None if info is None or info.get("code") is not None else info.get("state")
 
-    def peak_rss(self, rank: int) -> int | None:
+    def peak_rss(self, rank: int, pid: int | None) -> int | None:
         info = self._hub.rank_of(self.gen, rank)
         return None if info is None else info.get("peak")
 
