@@ -41,6 +41,7 @@ class Env:
     HUB = "RESHARD_HUB"                    # HOST:PORT: the rank runs on another machine; it reports over TCP (``HUB_PROTOCOL``)
     NODE = "RESHARD_NODE"                  # the node (agent) a rank runs under, when agents start the ranks
     SCHEDULER = "RESHARD_SCHEDULER"        # "slurm": the scheduler delivers preemptions, not the rank itself
+    JOIN = "RESHARD_JOIN"                  # a rank started to join a live reshard: the generation it changes (``RunDir.live``)
     PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
 
 
@@ -64,6 +65,7 @@ class Ev:
     NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
     EXIT = "exit"              # a clean exit (run.close()): code, peak_rss
     FILE = "file"              # a file event under the work folder: op, path, n, at_step, ... (filewatch)
+    LIVE = "live"              # the rank asks to reshard in place after step: step (``Run.live_reshard``)
 
     SCENARIO = "scenario"      # what the run was asked to do (the Scenario's fields, schedule_hash, replay)
     GEN_START = "gen_start"    # gen, world_size, roles, launcher, port
@@ -95,10 +97,10 @@ class Cause(str, enum.Enum):
 
 RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev.END, Ev.ERROR,
                          Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVE, Ev.CKPT_LOAD,
-                         Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE})
+                         Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE, Ev.LIVE})
 #: Rank events whose meaning needs a step number.
 STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
-                         Ev.CKPT_LOAD, Ev.RESUMED})
+                         Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
                                Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
@@ -163,6 +165,11 @@ class RunDir:
     def plan(self, gen: int) -> Path:
         """Which rank fires which fault where in generation ``gen`` (written before the launch)."""
         return self.root / f"plan-g{gen}.json"
+
+    def live(self, gen: int) -> Path:
+        """The harness's answer to generation ``gen``'s ranks asking to reshard in place: the
+        next generation's size, who stays, its rendezvous store (or ``error``)."""
+        return self.root / f"live-g{gen}.json"
 
     def rank_events(self, gen: int, rank: int) -> Path:
         return self.events / f"g{gen}-r{rank}.jsonl"

@@ -46,14 +46,14 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard.contract import HUB_PROTOCOL, Env, Ev, RunDir
 
 
-__all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "InjectedFault"]
+__all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "LiveChange", "InjectedFault"]
 
 #: How long a rank restarted by elastic agents waits for its generation's plan.
 PLAN_WAIT_S = 60.0
@@ -63,6 +63,8 @@ HEARTBEAT_S = 0.1
 ORPHAN_EXIT = 70
 #: How long a rank on another machine keeps trying to reach the harness's hub.
 CONNECT_S = 60.0
+#: How long ``live_reshard`` waits for the harness's answer when the notice set no deadline.
+LIVE_WAIT_S = 60.0
 
 
 class InjectedFault(RuntimeError):
@@ -76,6 +78,34 @@ class ReshardNotice:
     to_world_size: int
     deadline: float
     kind: str = "shift_shards"
+
+
+@dataclass(frozen=True)
+class LiveChange:
+    """The harness's answer to ``Run.live_reshard``: the world these processes form next.
+
+    Old rank ``survivors[i]`` becomes new rank ``i``; the processes the harness started to join
+    take the ranks after them. ``master_addr:master_port`` is the new world's rendezvous store,
+    fresh (a re-formed world's groups reuse the old one's names), hosted by the harness."""
+
+    generation: int              # the new world's generation
+    world_size: int
+    old_world_size: int
+    survivors: tuple[int, ...]
+    master_addr: str
+    master_port: int
+    step: int                    # the old world's last step; the new one starts after it
+    rank: int | None             # this process's rank in the new world; None: it leaves
+
+    @classmethod
+    def read(cls, path: Path, *, rank: int | None) -> "LiveChange":
+        answer = json.loads(path.read_text())
+        if answer.get("error"):
+            raise RuntimeError(f"the harness cannot reshard in place: {answer['error']}")
+        return cls(generation=int(answer["gen"]), world_size=int(answer["world_size"]),
+                   old_world_size=int(answer["old_world_size"]),
+                   survivors=tuple(answer["survivors"]), master_addr=str(answer["master_addr"]),
+                   master_port=int(answer["master_port"]), step=int(answer["step"]), rank=rank)
 
 
 def digest(obj: Any) -> str:
@@ -195,10 +225,16 @@ class Run:
         self._fd = -1
         self._write: Callable[[bytes], Any] = lambda data: None  # one event line, all at once
         self._hub: _HubLink | None = None
+        self._attached = (max_rewind_steps, role)  # what rejoin attaches the next Run with
+        self._beating = threading.Event()           # set: this Run's heartbeat stops
+        #: The live reshard this process was started to join (``Env.JOIN``), else None.
+        self.joining: LiveChange | None = None
         if not self.active:
             return
-        run_dir = RunDir(Path(env[Env.DIR]))
+        run_dir = self._dir = RunDir(Path(env[Env.DIR]))
         self.workdir = run_dir.work
+        if env.get(Env.JOIN):
+            self.joining = LiveChange.read(run_dir.live(int(env[Env.JOIN])), rank=self.rank)
         if env.get(Env.HUB):
             self._hub = _HubLink(env[Env.HUB], self.generation, self.rank)
             plan = self._hub.plan
@@ -226,7 +262,8 @@ class Run:
             path.touch()
             supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
             beat = functools.partial(_touch, path, supervisor)
-        threading.Thread(target=_beat, args=(beat,), name="reshard-heartbeat", daemon=True).start()
+        threading.Thread(target=_beat, args=(beat, self._beating), name="reshard-heartbeat",
+                         daemon=True).start()
         self._emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
         if plan.get("files"):
@@ -365,6 +402,63 @@ class Run:
             self._emit("request", kind="reshard", to_world_size=int(to_world_size),
                        reason=reason, grace_s=float(grace_s))
 
+    def live_reshard(self, step: int) -> LiveChange | None:
+        """Ask the harness to do the pending planned reshard in these processes, after ``step``
+        (every rank of the world asks, at the same step; ``reshard_requested()`` said there is
+        one). It answers with the new world: who stays at which rank, a fresh rendezvous store,
+        and it starts the processes that join (they find the change in ``run.joining``). Then
+        hand the state over: a survivor calls ``rejoin``, a leaver ``close`` and exits.
+
+        Waits until the notice's deadline at most. Raises RuntimeError with the harness's
+        reason when it cannot (a launcher that does not keep processes across generations).
+        None outside the harness, which has no reshard to do."""
+        if not self.active:
+            return None
+        if self._hub is not None:
+            raise RuntimeError("a live reshard needs the ranks on this machine (launcher fork or "
+                               "local), not on another one")
+        self._emit(Ev.LIVE, step=int(step))
+        path = self._dir.live(self.generation)
+        deadline = self._notice.deadline if self._notice else time.time() + LIVE_WAIT_S
+        while not path.exists():
+            if time.time() > deadline:
+                raise RuntimeError(f"no answer from the harness to the live reshard after step "
+                                   f"{step} before the notice's deadline ({path} missing)")
+            time.sleep(0.002)
+        answer = LiveChange.read(path, rank=None)
+        survivors = answer.survivors
+        return replace(
+            answer, rank=survivors.index(self.rank) if self.rank in survivors else None)
+
+    def rejoin(self, change: LiveChange) -> "Run":
+        """Go on as rank ``change.rank`` of the new world, in this process: record that this
+        rank handed over (its part of this generation ended, the process did not), point the
+        environment at the new world (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+        ``MASTER_PORT``, the generation) and return the new generation's Run. Call it after
+        the old process group is destroyed and before the new one is formed."""
+        if not self.active:
+            return self
+        if change.rank is None:
+            raise ValueError(f"rank {self.rank} leaves in this change: call run.close() and exit")
+        self._emit(Ev.EXIT, code=0, peak_rss=_own_peak_rss(),
+                   moved_to={"gen": change.generation, "rank": change.rank})
+        self.active = False
+        self._beating.set()
+        if self._fd >= 0 and not self._files_watched:
+            os.close(self._fd)
+            self._fd = -1
+        os.environ.update({"RANK": str(change.rank), "WORLD_SIZE": str(change.world_size),
+                           "LOCAL_WORLD_SIZE": str(change.world_size),
+                           "MASTER_ADDR": change.master_addr,
+                           "MASTER_PORT": str(change.master_port),
+                           Env.GENERATION: str(change.generation)})
+        os.environ.pop(Env.JOIN, None)
+        max_rewind_steps, role = self._attached
+        new = attach(max_rewind_steps=max_rewind_steps, role=role)
+        if self._sigterm_handled:
+            new.stop_requested()
+        return new
+
     def note(self, what: str, **fields: Any) -> None:
         """Record a free-form event (shown in the timeline, ignored by checkers)."""
         if self.active:
@@ -446,9 +540,8 @@ class Run:
             _executor(fault)(self, fault)
 
 
-def _beat(beat: Callable[[], None]) -> None:
-    while True:
-        time.sleep(HEARTBEAT_S)
+def _beat(beat: Callable[[], None], stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
         beat()
 
 

@@ -45,6 +45,7 @@ class _Record:
     expected: dict[str, str] = field(default_factory=dict)
     late: set[str] = field(default_factory=set)  # components recorded after the rank began a step
     at_restore: bool = False  # the workload says the digest was taken at the restore itself
+    live: bool = False        # handed over in memory by running processes, not read from a file
 
 
 def _per_rank(c: Checkpoint) -> set[str]:
@@ -70,6 +71,7 @@ def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, in
         rec = out.setdefault(key, _Record(c.gen, c.rank, c.step))
         rec.per_rank |= _per_rank(c)
         rec.at_restore |= str(c.info.get("digest_at", "")).startswith("restore")
+        rec.live |= c.info.get("source") == "live"
         if not c.digest and not c.expected:
             continue
         began = first_begin.get((c.gen, c.rank))
@@ -349,6 +351,10 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
     if src_gen is None:
         return ("the state loaded is not what the checkpoint holds: restore every component into "
                 "the objects being trained")
+    if load.live:
+        return (f"the {comp} was handed over in memory (a live reshard) and arrived changed: "
+                "check which rows each rank cuts from the old shards for its new ones (the new "
+                "shard map), and that every tensor is copied into the one that trains")
     recorded = [saves[k] for k in saves if k[0] == src_gen and k[2] == load.step]
     digests = {rec.digest.get(comp) for rec in recorded} - {None}
     per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)

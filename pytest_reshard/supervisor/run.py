@@ -11,6 +11,10 @@ launches the ranks, then watches them every 20 ms:
 - deadlines: a reshard notice or a preemption's grace period that expires with ranks still
   alive ends the generation with SIGKILL, as a real scheduler would.
 
+A planned reshard the ranks ask to do in place (``run.live_reshard``) ends the generation
+without ending its processes: the survivors go on as the next generation, the leavers exit, and
+the supervisor starts only the ranks that join (``_go_live``).
+
 It records what it saw to ``events/supervisor.jsonl`` (the harness's half of the history), and
 every process it started is gone when ``run`` returns, whether it succeeds, fails, times out or
 is interrupted.
@@ -24,10 +28,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import filewatch
-from pytest_reshard.contract import Env, Ev, RunDir
+from pytest_reshard.contract import Cause, Env, Ev, RunDir
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
-from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, free_port
+from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
 from pytest_reshard.supervisor.watch import Outcome, Watch
@@ -60,10 +64,11 @@ class Supervisor:
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
         self._live: LiveGeneration | None = None
+        self._next: tuple[LiveGeneration, Any] | None = None  # a live reshard's next world, store
 
     # -- recording -------------------------------------------------------------------------
-    def record(self, ev: str, **fields: Any) -> None:
-        fields.update(ev=ev, t=time.time())
+    def record(self, ev: str, *, t: float | None = None, **fields: Any) -> None:
+        fields.update(ev=ev, t=time.time() if t is None else t)
         self._sup.write(json.dumps(fields) + "\n")
         self._sup.flush()
 
@@ -91,7 +96,8 @@ class Supervisor:
                                        wanted=outcome.next_roles)
                 self.device_map = outcome.device_map
                 self.record(Ev.GEN_END, gen=gen, cause=outcome.cause.value, planned=outcome.planned,
-                            fault_id=outcome.fault_id, detail=outcome.detail)
+                            fault_id=outcome.fault_id, detail=outcome.detail, t=outcome.at,
+                            **({"live": True} if outcome.live else {}))
                 self._progress(f"generation {gen} (world size {world_size}): {outcome.cause.value}"
                                + (f" - {outcome.detail}" if outcome.detail else ""))
                 world_size = outcome.next_world_size
@@ -103,6 +109,9 @@ class Supervisor:
             self.close()
 
     def close(self) -> None:
+        if self._next is not None:
+            self._next[0].kill()
+            self._next = None
         if self._live is not None:
             self._live.kill()
             self._live = None
@@ -153,23 +162,30 @@ class Supervisor:
     def _generation(self, gen: int, roles: list[str], deadline: float) -> Outcome:
         sc = self.scenario
         world_size = len(roles)
-        self._plan(gen, world_size, roles)
         launched = time.monotonic()
-        # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
-        # that is already listening instead of racing rank 0 for it (a 2 s retry back-off).
-        store = None if self.launcher.own_rendezvous else _store(world_size)
-        port = store.port if store is not None else free_port()
-        restart = self._live is not None  # elastic agents restart the ranks: watch, don't launch
-        self.record(Ev.GEN_START, gen=gen, world_size=world_size, roles=roles,
-                    launcher=sc.launcher, port=port, **({"by": "elastic agents"} if restart else {}))
-        if restart:
-            self._live = self._live.advance(gen, world_size)
+        store: Any = None
+        if self._next is not None:  # re-formed in place: planned, started and hosted already
+            self._live, store = self._next
+            self._next = None
         else:
-            self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
-                                                          store is not None))
+            self._plan(gen, world_size, roles)
+            # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
+            # that is already listening instead of racing rank 0 for it (a 2 s retry back-off).
+            store = None if self.launcher.own_rendezvous else _store(world_size)
+            port = store.port if store is not None else free_port()
+            restart = self._live is not None  # elastic agents restart the ranks: watch them
+            self.record(Ev.GEN_START, gen=gen, world_size=world_size, roles=roles,
+                        launcher=sc.launcher, port=port,
+                        **({"by": "elastic agents"} if restart else {}))
+            if restart:
+                self._live = self._live.advance(gen, world_size)
+            else:
+                self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
+                                                              store is not None))
         watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
                       record=self.record, fired=self.fired, launched=launched, deadline=deadline,
-                      on_status=self.on_status)
+                      on_status=self.on_status,
+                      on_live=lambda *answer: self._go_live(gen, roles, *answer))
         outcome = None
         try:
             outcome = watch.run()
@@ -182,10 +198,19 @@ class Supervisor:
             if outcome.next_world_size is not None and self._live.restarting():
                 # The surviving agents re-form the world: its size is theirs, not the fault's.
                 outcome.next_world_size = self._live.next_world_size()
+            if self._next is not None and not outcome.live:
+                outcome.detail += ("; during a live reshard, which is not retried: the run ends "
+                                   "here")
+                outcome.next_world_size = None
             return outcome
         finally:
-            if outcome is None or outcome.next_world_size is None or \
+            if outcome is not None and outcome.live and self._next is not None:
+                self._live = None  # its survivors and leavers are the next generation's now
+            elif outcome is None or outcome.next_world_size is None or \
                     not self._live.restarting():
+                if self._next is not None:
+                    self._next[0].kill()
+                    self._next = None
                 self._live.kill()
                 self._live = None
                 if sc.files:  # what the next generation will find: every rank is gone now
@@ -200,6 +225,56 @@ class Supervisor:
             for rank, peak in sorted(watch.peaks.items()):
                 self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)
+
+
+    def _go_live(self, gen: int, roles: list[str], outcome: Outcome | None, step: int,
+                 problem: str | None) -> Outcome:
+        """Every rank of ``gen`` asked to do its planned reshard in place after ``step``: plan
+        the next generation, host its fresh rendezvous store, answer the ranks (``RunDir.live``)
+        and start the ones that join. The survivors are the lowest ranks, as when relaunching.
+        Returns the outcome to end ``gen`` with once all handed over, or the refusal (the ranks
+        then raise its reason)."""
+        if problem is None and not getattr(self.launcher, "live_reshard", False):
+            problem = (f"launcher {self.scenario.launcher!r} does not keep ranks across "
+                       "generations; use launcher fork or local")
+        if outcome is None or problem is not None:
+            _write_json(self.dir.live(gen), {"error": problem})
+            return Outcome(Cause.FAILURE, fault_id=outcome.fault_id if outcome else None,
+                           detail=f"the ranks asked to reshard in place after step {step}, "
+                                  f"which the harness refused: {problem}")
+        new_roles = next_roles(roles, outcome.next_world_size, lost=None, wanted=outcome.next_roles)
+        world = len(new_roles)
+        survivors = list(range(min(len(roles), world)))
+        self.device_map = outcome.device_map
+        self._plan(gen + 1, world, new_roles)
+        store = _store(world)
+        _write_json(self.dir.live(gen), {
+            "gen": gen + 1, "world_size": world, "old_world_size": len(roles),
+            "survivors": survivors, "master_addr": "127.0.0.1", "master_port": store.port,
+            "step": step})
+        outcome.at = time.time()
+        self.record(Ev.GEN_START, gen=gen + 1, world_size=world, roles=new_roles,
+                    launcher=self.scenario.launcher, port=store.port, by="live reshard",
+                    survivors=survivors, t=outcome.at + 1e-6)
+        joiners = self._specs(gen + 1, world, new_roles, store.port, True)[len(survivors):]
+        for spec in joiners:
+            spec.env[Env.JOIN] = str(gen)
+        joined = self.launcher.launch(joiners) if joiners else None
+        assert self._live is not None
+        self._next = (Regrouped(self._live, survivors, joined), store)
+        outcome.live = True
+        outcome.detail += (f"; in place: ranks {survivors} go on"
+                           + (f", {len(joiners)} joined" if joiners else "")
+                           + (f", ranks {list(range(world, len(roles)))} left"
+                              if world < len(roles) else ""))
+        return outcome
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    """All at once: a reader never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def _store(world_size: int) -> Any:

@@ -36,6 +36,8 @@ class Outcome:
     lost_rank: int | None = None    # the rank whose unplanned loss ended the generation
     next_roles: Any = None          # roles a planned change asks for (counts or a list)
     device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
+    live: bool = False              # the next generation is these processes, re-formed in place
+    at: float | None = None         # when it ended (time.time()), if not when the watch returned
 
 
 @dataclass(frozen=True)
@@ -87,9 +89,14 @@ class Watch:
     def __init__(self, scenario: Scenario, gen: int, live: LiveGeneration, *, world_size: int,
                  tail: EventTail, run_dir: RunDir, record: Callable[..., None],
                  fired: dict[int, dict], launched: float, deadline: float,
-                 on_status: Callable[[Status], None] | None = None) -> None:
+                 on_status: Callable[[Status], None] | None = None,
+                 on_live: Callable[[Outcome | None, int, str | None], Outcome] | None = None
+                 ) -> None:
         """``fired`` (fault id -> its event) is shared with the supervisor across generations;
-        ``record`` writes a supervisor event; ``on_status`` gets the live progress."""
+        ``record`` writes a supervisor event; ``on_status`` gets the live progress; ``on_live``
+        answers the ranks' request to reshard in place (the planned outcome, the step, or the
+        problem with the request) and returns the outcome to end with: ``live`` once they
+        handed over, else the refusal (they then raise its reason and exit)."""
         self.sc, self.gen, self.live, self.world_size = scenario, gen, live, world_size
         self.tail, self.dir, self.record, self.fired = tail, run_dir, record, fired
         self.on_status = on_status
@@ -105,6 +112,9 @@ class Watch:
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
         self.hung: Outcome | None = None  # how the generation ends, once a hung rank is killed
         self.step: int | None = None     # the highest step begun in this generation
+        self.on_live = on_live
+        self.live_asks: dict[int, int] = {}  # rank -> the step it asked to reshard in place after
+        self.handover: Outcome | None = None  # how it ends once the ranks asked to go live
 
     def _detect(self, kind: Detected, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
@@ -143,6 +153,8 @@ class Watch:
                         self.plan_deadline = time.monotonic() + (
                             float(ev["params"][declared.deadline_param]) if granted is None
                             else granted)
+            elif kind == Ev.LIVE:
+                self._on_live(ev)
             elif kind == Ev.REQUEST and self.planned is None:
                 # The workload drains itself (e.g. its health monitor saw an ECC error): planned,
                 # attributed to the last fault that fired in this generation, if any.
@@ -155,6 +167,27 @@ class Watch:
         if events and self.on_status is not None:
             self._status(events)
 
+    def _on_live(self, ev: dict) -> None:
+        """A rank asks to do the planned reshard in place; once all have, the supervisor answers."""
+        self.live_asks[ev["rank"]] = ev["step"]
+        if len(self.live_asks) < self.world_size or self.on_live is None:
+            return
+        steps = sorted(set(self.live_asks.values()))
+        problem = None
+        if self.planned is None:
+            problem = "no planned reshard is pending in this generation"
+        elif self.planned["kind"] == Cause.DRAIN.value or \
+                kinds.get(self.planned["kind"]).cause is not Cause.RESHARD:
+            problem = (f"{self.planned['kind']} is not a planned reshard (shift_shards, drain): "
+                       "save and exit for it")
+        elif len(steps) > 1:
+            problem = f"the ranks asked after different steps (rank: step): {self.live_asks}"
+        self.handover = self.on_live(None if problem else self._planned_outcome(), steps[0],
+                                     problem)
+        self.on_live = None  # answered once
+        if not self.handover.live:
+            self.plan_deadline = None  # the refusal, not the notice, ends this generation
+
     def _status(self, events: list[dict]) -> None:
         begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
         if begun:
@@ -164,6 +197,9 @@ class Watch:
 
     def _on_exit(self, rank: int, code: int, codes: dict[int, int | None], now: float) -> None:
         """Judge one rank's exit: normal, or the generation's first failure."""
+        if self.handover is not None and not self.handover.live:
+            self.reported.add(rank)  # refused to reshard in place: the refusal explains it
+            return
         normal = code == 0 or self.tail.clean_exit(self.gen, rank)  # SIGABRT after close
         if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
             self.reported.add(rank)
@@ -245,6 +281,9 @@ class Watch:
                 return self._classify(codes)
             if self.failure and now - self.failure.at > sc.failure_grace_s:
                 return self._classify(codes)
+            if self.handover is not None and self.handover.live and self.failure is None and \
+                    self._handed_over(codes):
+                return self.handover
             if self.plan_deadline is not None and now > self.plan_deadline:
                 return self._missed_deadline(codes)
             hung = self._stopped_rank(codes) if self.failure is None else None
@@ -345,6 +384,8 @@ class Watch:
         sc = self.sc
         if self.hung is not None:
             return self.hung
+        if self.handover is not None and not self.handover.live:
+            return self.handover  # the harness refused to reshard in place
         if self.failure is not None:
             rank, detail = self.failure.rank, self.failure.detail
             fault = self._fault_for(rank, kinds.Ending.DEATH)
@@ -358,31 +399,7 @@ class Watch:
             return Outcome(Cause.COMPLETE, fault_id=ev["id"],
                            detail=f"{ev['kind']} arrived after the last step had run")
         if self.planned is not None:
-            ev = self.planned
-            drained = ev["kind"] == Cause.DRAIN.value  # the workload asked (run.request_reshard)
-            declared = None if drained else kinds.get(ev["kind"])
-            cause = Cause.DRAIN if declared is None else declared.cause
-            assert cause is not None
-            params = ev["params"]
-            after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
-            detail = (f"the workload asked to drain to {after} ranks: {ev['reason']}"
-                      if drained else f"{ev['kind']} at step {ev['step']} {ev['phase']}")
-            device_map = None
-            if declared is not None and declared.relocates:
-                device_map = rebalanced(self.world_size, params["fraction"],
-                                       f"{sc.schedule.seed}:{ev['id']}")
-                detail += f": rank r now on device {device_map}[r]"
-            if params.get("roles"):
-                detail += f"; roles now {dict(params['roles'])}"
-            if self.sigtermed:
-                detail += (f"; rank{'s' if len(self.sigtermed) > 1 else ''} "
-                           f"{', '.join(map(str, sorted(self.sigtermed)))} died of its SIGTERM: "
-                           "the workload does not handle SIGTERM (ask run.stop_requested() and "
-                           "save when it is true), so a preemption costs all since its last "
-                           "checkpoint")
-            return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
-                           next_world_size=int(after), device_map=device_map,
-                           next_roles=params.get("roles"))
+            return self._planned_outcome()
         # Everybody exited 0 with nothing planned: finished, or a silent early exit.
         last = {r: self._last_end(r) for r in codes}
         short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)
@@ -391,6 +408,46 @@ class Watch:
             return Outcome(Cause.FAILURE, detail=self._detect(Detected.EXITED_EARLY, rank,
                                                               expected=False))
         return Outcome(Cause.COMPLETE)
+
+    def _planned_outcome(self) -> Outcome:
+        """How the planned event of this generation ends it, and what comes next."""
+        sc = self.sc
+        ev = self.planned
+        assert ev is not None
+        drained = ev["kind"] == Cause.DRAIN.value  # the workload asked (run.request_reshard)
+        declared = None if drained else kinds.get(ev["kind"])
+        cause = Cause.DRAIN if declared is None else declared.cause
+        assert cause is not None
+        params = ev["params"]
+        after = params.get("to_world_size") or params.get("then_world_size") or self.world_size
+        detail = (f"the workload asked to drain to {after} ranks: {ev['reason']}"
+                  if drained else f"{ev['kind']} at step {ev['step']} {ev['phase']}")
+        device_map = None
+        if declared is not None and declared.relocates:
+            device_map = rebalanced(self.world_size, params["fraction"],
+                                   f"{sc.schedule.seed}:{ev['id']}")
+            detail += f": rank r now on device {device_map}[r]"
+        if params.get("roles"):
+            detail += f"; roles now {dict(params['roles'])}"
+        if self.sigtermed:
+            detail += (f"; rank{'s' if len(self.sigtermed) > 1 else ''} "
+                       f"{', '.join(map(str, sorted(self.sigtermed)))} died of its SIGTERM: "
+                       "the workload does not handle SIGTERM (ask run.stop_requested() and "
+                       "save when it is true), so a preemption costs all since its last "
+                       "checkpoint")
+        return Outcome(cause, planned=True, fault_id=ev["id"], detail=detail,
+                       next_world_size=int(after), device_map=device_map,
+                       next_roles=params.get("roles"))
+
+    def _handed_over(self, codes: dict[int, int | None]) -> bool:
+        """Every rank of a live reshard is through with this generation: exited (a leaver) or
+        gone on in the next one (its last event here says where it moved)."""
+        for rank, code in codes.items():
+            events = self.tail.events(self.gen, rank)
+            if code is None and not (events and events[-1]["ev"] == Ev.EXIT
+                                     and events[-1].get("moved_to")):
+                return False
+        return True
 
     def _last_event_t(self, rank: int) -> float:
         events = self.tail.events(self.gen, rank)

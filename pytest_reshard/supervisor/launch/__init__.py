@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, Protocol, Sequence
 from pytest_reshard.contract import Env
 from pytest_reshard.supervisor import procfs
 
-__all__ = ["RankSpec", "LiveGeneration", "Launcher", "LaunchContext", "register", "make",
+__all__ = ["RankSpec", "LiveGeneration", "Regrouped", "Launcher", "LaunchContext", "register", "make",
            "launcher_class", "registered", "free_port", "parse_port_range", "KILL_WAIT_S"]
 
 #: How long a killed rank may take to be reaped before we call it a leak.
@@ -101,6 +101,52 @@ class LiveGeneration:
         raise NotImplementedError(f"{type(self).__name__} does not restart ranks by itself")
 
 
+class Regrouped(LiveGeneration):
+    """A world re-formed in place (a live reshard): old rank ``survivors[i]`` of ``old``, the
+    same process, is rank ``i`` now; ``joined`` holds the processes started for the ranks
+    after them. Killing it ends both, the leavers of ``old`` included."""
+
+    def __init__(self, old: LiveGeneration, survivors: Sequence[int],
+                 joined: LiveGeneration | None) -> None:
+        self._old, self._survivors, self._joined = old, list(survivors), joined
+
+    def _part(self, rank: int) -> tuple[LiveGeneration, int]:
+        if rank < len(self._survivors):
+            return self._old, self._survivors[rank]
+        if self._joined is None:
+            raise KeyError(rank)
+        return self._joined, rank
+
+    def pids(self) -> dict[int, int]:
+        old = self._old.pids()
+        pids = {new: old[r] for new, r in enumerate(self._survivors) if r in old}
+        return {**pids, **(self._joined.pids() if self._joined else {})}
+
+    def exit_codes(self) -> dict[int, int | None]:
+        old = self._old.exit_codes()
+        codes = {new: old.get(r) for new, r in enumerate(self._survivors)}
+        return {**codes, **(self._joined.exit_codes() if self._joined else {})}
+
+    def signal(self, rank: int, sig: int) -> None:
+        part, r = self._part(rank)
+        part.signal(r, sig)
+
+    def kill(self) -> None:
+        try:
+            self._old.kill()
+        finally:
+            if self._joined is not None:
+                self._joined.kill()
+
+    def state(self, rank: int, pid: int | None) -> str | None:
+        part, r = self._part(rank)
+        return part.state(r, pid)
+
+    def peak_rss(self, rank: int, pid: int | None) -> int | None:
+        part, r = self._part(rank)
+        return part.peak_rss(r, pid)
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """What a launcher may need to start: the fork server's preloads, readers of the probe's
@@ -121,6 +167,9 @@ class Launcher(Protocol):
     own_rendezvous: ClassVar[bool]
     #: The launcher that runs this one's clean reference runs (None: itself).
     references_on: ClassVar[str | None]
+    #: True: its ranks are this process's children, so a live reshard can keep some of them
+    #: into the next generation and start the ones that join (``Regrouped``).
+    live_reshard: ClassVar[bool]
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "Launcher": ...

@@ -56,6 +56,7 @@ class ElasticLauncher:
     name = "elastic"
     own_rendezvous = True
     references_on = "fork"  # a clean run needs no agents
+    live_reshard = False
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "ElasticLauncher":

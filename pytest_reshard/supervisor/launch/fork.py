@@ -36,6 +36,7 @@ class ForkLauncher:
     name = "fork"
     own_rendezvous = False
     references_on = None
+    live_reshard = True
 
     def __init__(self, preload: Sequence[str] = (WARMUP,)) -> None:
         self.preload = tuple(preload)
@@ -86,6 +87,7 @@ class BorrowedFork:
     name = ForkLauncher.name
     own_rendezvous = False
     references_on = None
+    live_reshard = True
 
     def __init__(self, owner: ForkLauncher) -> None:
         self._owner = owner

@@ -35,6 +35,7 @@ class LocalLauncher:
     name = "local"
     own_rendezvous = False
     references_on = None
+    live_reshard = True
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "LocalLauncher":

@@ -240,6 +240,7 @@ class SlurmLauncher:
     name = "slurm"
     own_rendezvous = True
     references_on = "fork"  # a clean run needs no cluster
+    live_reshard = False
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "SlurmLauncher":

@@ -63,6 +63,7 @@ class TorchrunLauncher:
     name = "torchrun"
     own_rendezvous = True
     references_on = None
+    live_reshard = False
 
     def __init__(self, pid_of: Callable[[int], dict[int, int]],
                  clean_exit: Callable[[int, int], bool]) -> None:
