@@ -23,8 +23,10 @@ def shift_shards(*, to_world_size: int | None = None, at_step: int, phase: str =
     (``run.reshard_requested()``); the workload must checkpoint and exit before the deadline,
     after which the supervisor kills it; the next generation runs at the new world size (and
     roles: ``run.roles``) and the workload's own load path reshards. Must cost zero committed
-    steps. Does not move live tensors between running processes (no in-place resharding), and
-    does not model the scheduler's own failures.
+    steps. A workload may instead reshard in place (``run.live_reshard``): its surviving
+    processes become the next generation, the leavers exit, the harness starts only the
+    joiners, and the same checks judge the in-memory handover. Does not model a scheduler's
+    own resize protocol or its failures.
     """
     params: dict = {"notice_s": positive("notice_s", notice_s)}
     if roles is not None:

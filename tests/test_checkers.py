@@ -354,6 +354,20 @@ def test_state_equivalence_names_the_component_that_differs() -> None:
     assert (v.step, v.generation, v.rank) == (12, 1, 0) and v.details["differ"] == ["optimizer"]
 
 
+def test_state_equivalence_judges_a_live_handover_as_a_save_and_a_load() -> None:
+    def live(b: Builder) -> Builder:
+        for e in b.events:
+            if e["ev"] in ("ckpt_save", "ckpt_load"):
+                e["source"] = "live"
+        return b
+
+    assert state_equivalence(live(reshard_run()).history()).status == "pass"
+    v = state_equivalence(live(reshard_run(load=(12, dict(DIGEST, model="ffff")))).history())
+    assert v.status == "fail"
+    assert "the model was handed over in memory (a live reshard) and rank 0 holds something " \
+           "else" in v.message, v.message
+
+
 def test_state_equivalence_uses_expected_when_nothing_was_saved() -> None:
     b = Builder()
     b.gen(run=range(5), cause="failure")

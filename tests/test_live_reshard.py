@@ -49,3 +49,18 @@ def test_live_reshard_needs_a_launcher_that_keeps_processes(reshard_run):
     assert verdict.status == "fail", verdict
     assert "refused: launcher 'torchrun' does not keep ranks across generations; use launcher " \
            "fork or local" in verdict.message, verdict.message
+
+
+def test_a_rank_killed_during_the_handover_ends_the_run_and_leaves_nothing(reshard_run):
+    """Killed in the grow, once the joiner is started: the run fails saying so, and the
+    joiner, the survivors and the old world's processes are all gone (the fixture checks)."""
+    result = reshard_run("lm", args=["--live"], faults=[
+        *SHRINK_GROW, chaos.kill(rank=1, at_step=7, phase="handover")])
+    verdict = result.verdicts["liveness"]
+    assert verdict.status == "fail", verdict
+    assert "generation 2 ended by failure: never formed: the live reshard from generation 1 " \
+           "failed (rank 1 died (exit code -9) at step 7, phase handover (generation 1)" \
+           in verdict.message, verdict.message
+    ends = {e["gen"]: e["cause"] for e in result.history.events if e["ev"] == "gen_end"}
+    assert ends == {0: "reshard", 1: "failure", 2: "failure"}
+    assert any(e["ev"] == "start" and e["gen"] == 2 for e in result.history.events)  # the joiner

@@ -1,6 +1,7 @@
 """The probe in-process: events, faults at points, and the no-op outside the harness."""
 import json
 import math
+import os
 
 import pytest
 
@@ -115,3 +116,36 @@ def test_callback_driven_steps_record_the_same_events_as_the_with_block(tmp_path
     inactive = probe.Run({})
     inactive.begin_step(0)
     inactive.end_step()   # a no-op outside the harness, like the with block
+
+
+def test_live_reshard_hands_the_rank_to_the_next_generation(tmp_path, monkeypatch):
+    # rejoin points this process's environment at the new world: give it one to change
+    monkeypatch.setattr(os, "environ", {"RESHARD_DIR": str(tmp_path), "RANK": "1"})
+    run = make_run(tmp_path)
+    (tmp_path / "plan-g1.json").write_text(json.dumps(
+        {"seed": 3, "world_size": 3, "roles": ["trainer"] * 3, "faults": []}))
+    answer = {"gen": 1, "world_size": 3, "old_world_size": 2, "survivors": [1, 0],
+              "master_addr": "127.0.0.1", "master_port": 4321, "step": 6}
+    (tmp_path / "live-g0.json").write_text(json.dumps(answer))
+    change = run.live_reshard(6)
+    assert (change.generation, change.rank, change.survivors) == (1, 0, (1, 0))
+    new = run.rejoin(change)
+    assert (new.generation, new.rank, new.world_size, new.role) == (1, 0, 3, "trainer")
+    assert os.environ["MASTER_PORT"] == "4321" and os.environ["RESHARD_GENERATION"] == "1"
+    new.close()
+    old = events(tmp_path)
+    assert [e["ev"] for e in old[-2:]] == ["live", "exit"] and old[-2]["step"] == 6
+    assert old[-1]["moved_to"] == {"gen": 1, "rank": 0}
+    assert not run.active  # its part of generation 0 is over: nothing more is recorded there
+    moved = [json.loads(x) for x in (tmp_path / "events" / "g1-r0.jsonl").read_text().splitlines()]
+    assert [e["ev"] for e in moved] == ["start", "exit"] and moved[0]["max_rewind_steps"] == 2
+
+    # A process started for the new world finds the change; a refusal is raised with its reason.
+    joiner = probe.Run({"RESHARD_DIR": str(tmp_path), "RESHARD_GENERATION": "1", "RANK": "2",
+                        "WORLD_SIZE": "3", "RESHARD_JOIN": "0"})
+    assert joiner.joining is not None and joiner.joining.rank == 2
+    (tmp_path / "live-g0.json").write_text(json.dumps({"error": "launcher 'x' cannot"}))
+    again = probe.Run({"RESHARD_DIR": str(tmp_path), "RESHARD_GENERATION": "0", "RANK": "0",
+                       "WORLD_SIZE": "2"})
+    with pytest.raises(RuntimeError, match="cannot reshard in place: launcher 'x' cannot"):
+        again.live_reshard(6)

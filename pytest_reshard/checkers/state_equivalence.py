@@ -352,9 +352,10 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
         return ("the state loaded is not what the checkpoint holds: restore every component into "
                 "the objects being trained")
     if load.live:
-        return (f"the {comp} was handed over in memory (a live reshard) and arrived changed: "
-                "check which rows each rank cuts from the old shards for its new ones (the new "
-                "shard map), and that every tensor is copied into the one that trains")
+        return (f"the {comp} was handed over in memory (a live reshard) and rank {load.rank} "
+                "holds something else: check that it received the state and copied every tensor "
+                "into the objects that train (sharded state: which rows each rank cuts from the "
+                "old shards for its new ones)")
     recorded = [saves[k] for k in saves if k[0] == src_gen and k[2] == load.step]
     digests = {rec.digest.get(comp) for rec in recorded} - {None}
     per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)

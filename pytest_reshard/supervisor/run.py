@@ -64,7 +64,8 @@ class Supervisor:
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
         self._live: LiveGeneration | None = None
-        self._next: tuple[LiveGeneration, Any] | None = None  # a live reshard's next world, store
+        #: A live reshard's next generation: its processes, its store, its gen_start record.
+        self._next: tuple[LiveGeneration, Any, dict[str, Any]] | None = None
 
     # -- recording -------------------------------------------------------------------------
     def record(self, ev: str, *, t: float | None = None, **fields: Any) -> None:
@@ -165,8 +166,9 @@ class Supervisor:
         launched = time.monotonic()
         store: Any = None
         if self._next is not None:  # re-formed in place: planned, started and hosted already
-            self._live, store = self._next
+            self._live, store, started = self._next
             self._next = None
+            self.record(Ev.GEN_START, **started)
         else:
             self._plan(gen, world_size, roles)
             # Like torchrun's agent, we host the rendezvous store: ranks then connect to a store
@@ -208,9 +210,14 @@ class Supervisor:
                 self._live = None  # its survivors and leavers are the next generation's now
             elif outcome is None or outcome.next_world_size is None or \
                     not self._live.restarting():
-                if self._next is not None:
-                    self._next[0].kill()
+                if self._next is not None:  # a live reshard failed: its next world never formed
+                    live, _, started = self._next
                     self._next = None
+                    live.kill()
+                    self.record(Ev.GEN_START, **started)
+                    self.record(Ev.GEN_END, gen=gen + 1, cause=Cause.FAILURE.value, planned=False,
+                                fault_id=None, detail="never formed: the live reshard from "
+                                f"generation {gen} failed ({outcome.detail if outcome else 'an error'})")
                 self._live.kill()
                 self._live = None
                 if sc.files:  # what the next generation will find: every rank is gone now
@@ -253,15 +260,15 @@ class Supervisor:
             "survivors": survivors, "master_addr": "127.0.0.1", "master_port": store.port,
             "step": step})
         outcome.at = time.time()
-        self.record(Ev.GEN_START, gen=gen + 1, world_size=world, roles=new_roles,
-                    launcher=self.scenario.launcher, port=store.port, by="live reshard",
-                    survivors=survivors, t=outcome.at + 1e-6)
+        started = dict(gen=gen + 1, world_size=world, roles=new_roles, port=store.port,
+                       launcher=self.scenario.launcher, by="live reshard", survivors=survivors,
+                       t=outcome.at + 1e-6)
         joiners = self._specs(gen + 1, world, new_roles, store.port, True)[len(survivors):]
         for spec in joiners:
             spec.env[Env.JOIN] = str(gen)
         joined = self.launcher.launch(joiners) if joiners else None
         assert self._live is not None
-        self._next = (Regrouped(self._live, survivors, joined), store)
+        self._next = (Regrouped(self._live, survivors, joined), store, started)
         outcome.live = True
         outcome.detail += (f"; in place: ranks {survivors} go on"
                            + (f", {len(joiners)} joined" if joiners else "")
