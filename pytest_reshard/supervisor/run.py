@@ -28,6 +28,7 @@ from pytest_reshard.contract import Env, Ev, RunDir
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, free_port
+from pytest_reshard.supervisor.membership import Membership
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
 from pytest_reshard.supervisor.watch import Outcome, Watch
@@ -60,6 +61,8 @@ class Supervisor:
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
         self._live: LiveGeneration | None = None
+        # replica_groups: a death restarts only its group (supervisor/membership.py)
+        self.members = Membership.of(scenario, self.dir, self.record, self.launcher)
 
     # -- recording -------------------------------------------------------------------------
     def record(self, ev: str, **fields: Any) -> None:
@@ -108,6 +111,8 @@ class Supervisor:
             self._live = None
         if self._own_launcher:
             self.launcher.close()
+        if self.members is not None:
+            self.members.close()
         if not self._sup.closed:
             self._sup.close()
 
@@ -165,11 +170,12 @@ class Supervisor:
         if restart:
             self._live = self._live.advance(gen, world_size)
         else:
-            self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
-                                                          store is not None))
+            specs = self._specs(gen, world_size, roles, port, store is not None)
+            self._live = self.launcher.launch(specs) if self.members is None else \
+                self.members.launch(gen, specs)
         watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
                       record=self.record, fired=self.fired, launched=launched, deadline=deadline,
-                      on_status=self.on_status)
+                      on_status=self.on_status, members=self.members)
         outcome = None
         try:
             outcome = watch.run()
