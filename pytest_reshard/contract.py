@@ -75,6 +75,7 @@ class Ev:
     ABORT = "abort"            # the supervisor gave up: detail
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
+    MEMBER = "member"          # membership mode (supervisor/membership.py): action "lighthouse" (address, settings), "restart" (gen, group, ranks, incarnation, cause, codes) or "exhausted"
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation (job, nodes), each step (gen, name, nodes)
 
 
@@ -102,7 +103,7 @@ RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev
 STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
                          Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
-                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER})
+                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
 #: object per line over one TCP connection per process. A rank sends ``{"hello": "rank", "gen",
 #: "rank", "pid", "t"}`` (``t``: its clock, so the hub can move its event times onto the

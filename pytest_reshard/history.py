@@ -12,6 +12,13 @@ Why the definitions are what they are:
 - A generation's *resume step* is the step its ranks declared with ``run.resumed``; ranks should
   agree, and when they do not the lowest wins (the most state any of them threw away). A generation
   that never declared one but ran steps resumes, in effect, at the first step it began.
+- In **membership mode** (``Scenario.replica_groups``; the supervisor's ``member`` events) a
+  rank's file holds one *incarnation* per ``start`` event: a replica group restarted alone
+  appends to it. Each ``begin`` is an *attempt* (a fault-tolerant trainer retries a step the
+  quorum did not commit), and an attempt counts only if it ended. A step is committed when every
+  rank of at least one replica group ended an attempt of it (torchft's commit is a vote inside a
+  group: a group that ended the step holds its effect, and donates it to the groups that heal),
+  and an occurrence's samples are those of its ended attempts.
 - An occurrence ``(gen, step)`` is *kept* (its effect persisted into the final state) when the step
   ended on at least one rank in ``gen`` and every later generation that resumed did so after it
   (``step < resume step`` of all of them). When no later generation resumed, the run ended with
@@ -29,7 +36,7 @@ from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, 
 
 __all__ = [
     "History", "HistoryError", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint",
-    "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan",
+    "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan", "Attempt", "Replay",
 ]
 
 Event = Mapping[str, Any]
@@ -181,6 +188,38 @@ class StepSpan:
         return None if self.end_t is None else self.end_t - self.begin_t
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One ``begin`` of a step on one rank, in membership mode: which incarnation of the rank
+    (0 for the first ``start``), whether it ended, and what it recorded."""
+
+    gen: int
+    rank: int
+    incarnation: int
+    step: int
+    begin_index: int             # positions in ``History.events`` (ordered by time)
+    end_index: int | None        # None: it raised, or the rank died in it
+    start_index: int = -1        # where its incarnation's ``start`` is
+    samples: tuple[tuple[int, int], ...] = ()
+    quorum: Any = None           # the membership epoch the workload recorded (``quorum=``)
+    participants: int | None = None  # replica groups in that quorum (``participants=``)
+
+    @property
+    def ended(self) -> bool:
+        return self.end_index is not None
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A committed step executed and ended again later, in a membership generation."""
+
+    gen: int
+    rank: int
+    incarnation: int
+    step: int
+    committed_index: int         # when the step was first committed (every rank of a group ended it)
+
+
 @dataclass
 class _Index:
     """Per-(gen, step) facts, built once."""
@@ -215,6 +254,11 @@ class History:
                 self._index_rank_event(e)
         self.scenario = self._scenario()
         self.generations: dict[int, Generation] = self._generations()
+        groups = [e for e in self._supervisor if e["ev"] == Ev.MEMBER and e.get("action") == "groups"]
+        #: Membership mode: (replica groups, ranks per group); None outside it.
+        self.replica_groups: tuple[int, int] | None = \
+            (int(groups[0]["groups"]), int(groups[0]["per"])) if groups else None
+        self._attempts: list[Attempt] | None = None
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -442,7 +486,10 @@ class History:
         return frozenset(s for (g, s) in self._ix.ends if gen is None or g == gen)
 
     def committed(self, gen: int) -> frozenset[int]:
-        """Steps every rank of ``gen``'s world size ended."""
+        """Steps every rank of ``gen``'s world size ended (membership mode: every rank of at
+        least one replica group)."""
+        if self.replica_groups is not None:
+            return frozenset(self._first_commits(gen))
         world = set(range(self.generations[gen].world_size)) if gen in self.generations else set()
         return frozenset(s for (g, s), ranks in self._ix.ends.items()
                          if g == gen and world and world <= ranks)
@@ -479,8 +526,14 @@ class History:
         return out
 
     def samples(self, gen: int, step: int) -> dict[int, list[tuple[int, int]]]:
-        """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order."""
+        """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order
+        (membership mode: in its attempts that ended)."""
         out: dict[int, list[tuple[int, int]]] = {}
+        if self.replica_groups is not None:
+            for a in self.attempts(gen):
+                if a.step == step and a.ended and a.samples:
+                    out.setdefault(a.rank, []).extend(a.samples)
+            return out
         for e in self._ix.records.get((gen, step), ()):
             if e.get("samples") is not None:
                 epoch = int(e.get("epoch", 0) or 0)
@@ -491,6 +544,104 @@ class History:
         """occurrence -> the union over ranks of its (epoch, sample id) pairs."""
         return {occ: frozenset(p for pairs in self.samples(occ.gen, occ.step).values()
                                for p in pairs) for occ in self.kept()}
+
+    # -- membership mode ------------------------------------------------------------------
+    def group_of(self, rank: int) -> int:
+        """The replica group of ``rank`` (membership mode)."""
+        assert self.replica_groups is not None, "not a membership run"
+        return rank // self.replica_groups[1]
+
+    def member_restarts(self, gen: int | None = None) -> list[Event]:
+        """The supervisor's restarts of one replica group (``member`` events, action restart)."""
+        return [e for e in self.supervisor_events(Ev.MEMBER, gen=gen) if e.get("action") == "restart"]
+
+    def attempts(self, gen: int | None = None, *, rank: int | None = None) -> list[Attempt]:
+        """Every ``begin`` of every rank (of ``gen``, of ``rank``), in history order."""
+        if self._attempts is None:
+            self._attempts = self._build_attempts()
+        return [a for a in self._attempts if (gen is None or a.gen == gen)
+                and (rank is None or a.rank == rank)]
+
+    def _build_attempts(self) -> list[Attempt]:
+        incarnation: dict[tuple[int, int], int] = {}
+        started: dict[tuple[int, int], int] = {}
+        open_: dict[tuple[int, int], dict[str, Any]] = {}
+        done: list[dict[str, Any]] = []
+        for i, e in self._ranked:
+            key, ev = (int(e["gen"]), int(e["rank"])), e["ev"]
+            if ev == Ev.START:
+                incarnation[key] = incarnation.get(key, -1) + 1
+                started[key] = i
+                if key in open_:
+                    done.append(open_.pop(key))   # the last incarnation died in it
+            elif ev == Ev.BEGIN:
+                if key in open_:
+                    done.append(open_.pop(key))
+                open_[key] = {"gen": key[0], "rank": key[1], "incarnation": incarnation.get(key, 0),
+                              "step": int(e["step"]), "begin_index": i, "end_index": None,
+                              "start_index": started.get(key, -1),
+                              "samples": [], "quorum": None, "participants": None}
+            elif key in open_ and e.get("step") == open_[key]["step"]:
+                a = open_[key]
+                if ev == Ev.RECORD:
+                    epoch = int(e.get("epoch", 0) or 0)
+                    a["samples"].extend((epoch, int(x)) for x in e.get("samples") or ())
+                    if "quorum" in e:
+                        a["quorum"] = e["quorum"]
+                    if e.get("participants") is not None:
+                        a["participants"] = int(e["participants"])
+                elif ev == Ev.END:
+                    a["end_index"] = i
+                    done.append(open_.pop(key))
+                elif ev == Ev.ERROR:
+                    done.append(open_.pop(key))
+        done.extend(open_.values())
+        return sorted((Attempt(**{**a, "samples": tuple(a["samples"])}) for a in done),
+                      key=lambda a: a.begin_index)
+
+    def _first_commits(self, gen: int) -> dict[int, int]:
+        """step -> when (event index) it was first committed in membership generation ``gen``:
+        the earliest moment every rank of some replica group had ended an attempt of it."""
+        assert self.replica_groups is not None
+        groups, per = self.replica_groups
+        ends: dict[tuple[int, int], dict[int, int]] = {}   # (step, group) -> rank -> first end
+        for a in self.attempts(gen):
+            if a.end_index is not None:
+                ends.setdefault((a.step, a.rank // per), {}).setdefault(a.rank, a.end_index)
+        out: dict[int, int] = {}
+        for (step, g), by_rank in ends.items():
+            if len(by_rank) == per:
+                at = max(by_rank.values())
+                out[step] = min(out.get(step, at), at)
+        return out
+
+    def replays(self, gen: int) -> list[Replay]:
+        """A committed step the quorum executed again (membership mode; empty outside it): an
+        attempt that ended a step committed before its incarnation started (a restarted group
+        that trained from older state than the quorum's), or a second end of a step by the same
+        incarnation."""
+        if self.replica_groups is None:
+            return []
+        first = self._first_commits(gen)
+        out, ended = [], set()
+        for a in self.attempts(gen):
+            if not a.ended:
+                continue
+            key = (a.rank, a.incarnation, a.step)
+            if key in ended or (a.step in first and first[a.step] < a.start_index):
+                out.append(Replay(a.gen, a.rank, a.incarnation, a.step, first.get(a.step, -1)))
+            ended.add(key)
+        return out
+
+    def reduced_steps(self, gen: int) -> frozenset[int]:
+        """Committed steps some group ended in a quorum of fewer than all replica groups
+        (``participants=`` recorded below the group count): a clean run never trains those."""
+        if self.replica_groups is None:
+            return frozenset()
+        groups = self.replica_groups[0]
+        committed = self.committed(gen)
+        return frozenset(a.step for a in self.attempts(gen) if a.ended and a.step in committed
+                         and a.participants is not None and a.participants < groups)
 
     def end_times(self, gen: int, step: int) -> dict[int, float]:
         """rank -> when it ended the step in ``gen``."""

@@ -26,6 +26,7 @@ from pytest_reshard.verdict import Verdict
 from pytest_reshard.schedule import Fault, Schedule, kinds, validate
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
+from pytest_reshard.supervisor.membership import check_scenario as check_membership
 from pytest_reshard.supervisor.run import Supervisor
 from pytest_reshard.supervisor.scenario import Scenario, expand_roles
 from pytest_reshard import checkers, workloads
@@ -436,6 +437,8 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
     _check_nodes(world_size, options)
     validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or (),
              options=options)
-    return Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
-                    **options)
+    scenario = Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
+                        **options)
+    check_membership(scenario)
+    return scenario
 

@@ -146,3 +146,68 @@ def clean_run(*, steps: int = 20, world_size: int = 2,
     b = Builder(steps=steps, world_size=world_size)
     b.gen(run=range(steps), loss=loss)
     return b.history()
+
+
+def membership_run(*, steps: int = 12, kill_at: int = 4, heal_at: int | None = None,
+                   heal_digest: Mapping[str, str] | None = None, rejoin_from: int | None = None,
+                   max_rewind: int = 0) -> Builder:
+    """A membership-mode generation of 2 replica groups x 1 rank (torchft-like), correct by
+    default: group 1 (rank 1) is killed in step ``kill_at``; rank 0's attempt at that step is not
+    committed; the harness restarts group 1, which heals from rank 0 (the donor saves, the healer
+    loads ``DIGEST``) into step ``heal_at``, and both groups train on to the end.
+
+    ``heal_at > kill_at``: rank 0 commits steps ``kill_at .. heal_at - 1`` alone (a quorum of
+    one: ``participants=1``). ``heal_digest``: what the healer loads instead (a heal that did not
+    apply the state). ``rejoin_from``: the restarted group does not heal, it trains again from
+    that step (its own older state) while rank 0 goes on."""
+    heal_at = kill_at if heal_at is None else heal_at
+    b = Builder(steps=steps, faults=[{"kind": "kill", "target": "rank:1", "step": kill_at,
+                                      "phase": "backward", "params": {}}])
+    b.sup("member", action="groups", groups=2, per=1, member_restarts=3)
+    b.sup("gen_start", gen=0, world_size=2, roles=["trainer", "trainer"], launcher="fork")
+
+    def attempt(rank: int, s: int, *, participants: int = 2, end: bool = True,
+                fault: bool = False) -> None:
+        b.rank(0, rank, "begin", step=s)
+        b.rank(0, rank, "record", step=s, samples=default_samples(s, rank, 2),
+               quorum=1 if participants == 2 else 2, participants=participants)
+        if fault:
+            b.rank(0, rank, "fault", step=s, phase="backward", kind="kill", id=0, params={})
+            return
+        if end:
+            b.rank(0, rank, "record", step=s, loss=default_loss(s))
+            b.rank(0, rank, "end", step=s)
+        else:
+            b.rank(0, rank, "error", step=s, phase="optimizer", error="not committed by the quorum")
+
+    for r in (0, 1):
+        b.rank(0, r, "start", world_size=2, role="trainer", pid=100 + r, max_rewind_steps=max_rewind)
+        b.rank(0, r, "resumed", step=0, source="fresh")
+    for s in range(kill_at):
+        attempt(0, s)
+        attempt(1, s)
+    attempt(1, kill_at, fault=True)
+    attempt(0, kill_at, end=False)
+    b.detect(0, "died", 1, kill_at, "backward", expected=True, exit_code=-9)
+    b.sup("member", action="restart", gen=0, group=1, ranks=[1], incarnation="0.1",
+          cause="rank 1 died", codes={"1": -9}, killed_t=b.t, restart=1)
+    for s in range(kill_at, heal_at):
+        attempt(0, s, participants=1)
+    b.rank(0, 1, "start", world_size=2, role="trainer", pid=200, max_rewind_steps=max_rewind)
+    b.rank(0, 1, "resumed", step=0, source="fresh")
+    if rejoin_from is not None:
+        for s in range(rejoin_from, steps):
+            attempt(1, s)
+        for s in range(heal_at, steps):
+            attempt(0, s)
+    else:
+        b.rank(0, 0, "ckpt_save", step=heal_at - 1, digest=dict(DIGEST), source="torchft-heal-donor")
+        b.rank(0, 1, "ckpt_load", step=heal_at - 1, digest=dict(heal_digest or DIGEST),
+               source="torchft-heal")
+        for s in range(heal_at, steps):
+            attempt(0, s)
+            attempt(1, s)
+    for r in (0, 1):
+        b.rank(0, r, "exit", code=0)
+    b.sup("gen_end", gen=0, cause="complete", planned=False, fault_id=None, detail="")
+    return b

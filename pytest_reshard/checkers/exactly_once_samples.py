@@ -163,6 +163,16 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         where = drawn.get((epoch, sample))
         fate = (f"; it was drawn at step {where.step} in generation {where.gen}, whose effect was "
                 "discarded" if where else "; no kept or discarded step drew it")
+        advice = ("restore the data position saved with the checkpoint"
+                  + (", and give a lost rank's share to the survivors" if len(
+                      {k[0] for k in ref_uses}) > 1 else ""))
+        reduced = sorted({s for g in history.generations for s in history.reduced_steps(g)})
+        if reduced and expected[lost[0]] in reduced:
+            # membership mode: a group was down and the quorum trained on without its share
+            fate = (f"; steps {_ranges(reduced)} were committed by a quorum of fewer replica "
+                    "groups, and no group trained the missing groups' samples of those steps")
+            advice = ("a fault-tolerant trainer that lets a quorum train on without a group "
+                      "drops that group's share of each such step unless it reassigns it")
         by = f" by a {role} rank" if len({k[0] for k in ref_uses}) > 1 else ""
         n_run, n_ref = len(uses.get(lost[0], ())), len(ref_uses[lost[0]])
         how = ("were never consumed" if n_run == 0 else
@@ -171,8 +181,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                "count)")
         text = (f"{len(lost)} samples the reference consumed by step {last} {how}"
                 f"{by}: first sample {sample} (epoch {epoch}), reference step "
-                f"{expected[lost[0]]}{fate}; restore the data position saved with the checkpoint"
-                + (", and give a lost rank's share to the survivors" if by else ""))
+                f"{expected[lost[0]]}{fate}; {advice}")
         details["lost_samples"] = [[r_, e_, s_] for r_, e_, s_ in lost[:50]]
         gen = where.gen if where else None
         return Verdict.failed(check, text, step=expected[lost[0]], generation=gen,

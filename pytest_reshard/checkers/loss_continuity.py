@@ -213,6 +213,25 @@ def loss_continuity(history: History, *, references: Iterable[History] | Mapping
     the run used (their first generation's roles say which); ``reference``: one more (the old
     single-reference form). ``deterministic``: whether two clean runs at one size agree bit for
     bit (default: measured from generation 0 before its first fault, else True on gloo)."""
+    verdict = _judge(history, references=references, reference=reference,
+                     deterministic=deterministic)
+    reduced = sorted({s for g in history.generations for s in history.reduced_steps(g)})
+    if not reduced or verdict.status == "unknown" or \
+            (verdict.status == "fail" and verdict.step is not None and verdict.step < reduced[0]):
+        return verdict
+    groups = history.replica_groups[0] if history.replica_groups else 0
+    what = ("differs from the clean run" if verdict.status == "fail" else
+            "matches the clean run where compared")
+    return Verdict.unknown(
+        verdict.check, f"steps {_ranges(reduced)} were committed by a quorum of fewer than "
+        f"{groups} replica groups (a smaller global batch than the clean run's), so the clean run "
+        f"cannot judge the losses from step {reduced[0]} on; the run {what}: {verdict.message}",
+        step=reduced[0], details={**verdict.details, "reduced_steps": reduced,
+                                  "verdict_before": verdict.status}, replay=verdict.replay)
+
+
+def _judge(history: History, *, references: Iterable[History] | Mapping[Any, History],
+           reference: History | None, deterministic: bool | None) -> Verdict:
     check, replay = "loss_continuity", history.replay
     given = [] if isinstance(references, Mapping) else list(references)
     if reference is not None:

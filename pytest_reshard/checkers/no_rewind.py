@@ -4,6 +4,10 @@ At each generation change the cost is the number of committed steps still in eff
 generation's resume step throws away (a step discarded once is not charged again). Planned
 transitions (a reshard with notice, a SIGTERM preemption) may cost 0; unplanned ones at most
 ``max_rewind_steps`` (undeclared: 0). Resuming *past* steps that never ran is flagged too.
+
+In membership mode (one replica group restarted inside a generation) a rewind is an attempt
+that began after its step was committed by the quorum and ended (``History.replays``): each
+restarted incarnation may replay at most ``max_rewind_steps`` committed steps.
 """
 from __future__ import annotations
 
@@ -80,12 +84,22 @@ def no_rewind(history: History) -> Verdict:
         live_begun = {s: gg for s, gg in live_begun.items() if s < resume}
         live_begun.update({s: g for s in began})
         pending = [gen]
-    details = {"transitions": transitions, "problems": [p["message"] for p in problems]}
+    members = _membership(history, problems)
+    details = {"transitions": transitions, "problems": [p["message"] for p in problems],
+               "member_restarts": members}
     if problems:
         first = problems[0]
         return Verdict.failed(check, _summarise([p["message"] for p in problems]),
                               step=first["step"], generation=first["generation"],
                               fault=first["fault"], details=details, replay=replay)
+    if members:
+        text = "; ".join(f"generation {m['generation']}: {_count(m['restarts'], 'group restart')}, "
+                         + (f"{len(m['replayed'])} committed steps replayed within budget "
+                            f"{m['budget']} ({_ranges(m['replayed'])})" if m["replayed"]
+                            else "no committed step executed again") for m in members)
+        if transitions:
+            text += f"; {_count(len(transitions), 'generation transition')} within budget"
+        return Verdict.passed(check, f"membership: {text}", details=details, replay=replay)
     if not transitions:
         return Verdict.passed(check, "no generation resumed after another: nothing replayed",
                               details=details, replay=replay)
@@ -98,6 +112,33 @@ def no_rewind(history: History) -> Verdict:
                               replay=replay)
     return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')} replayed no "
                                  "committed step", details=details, replay=replay)
+
+
+def _membership(history: History, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Membership generations: the committed steps each restarted incarnation executed again,
+    against the budget; a problem per incarnation over it."""
+    out = []
+    for g in sorted(history.generations):
+        restarts, replays = history.member_restarts(g), history.replays(g)
+        if not restarts and not replays:
+            continue
+        budget = history.max_rewind_steps(g)
+        by_incarnation: dict[tuple[int, int], set[int]] = {}
+        for r in replays:
+            by_incarnation.setdefault((r.rank, r.incarnation), set()).add(r.step)
+        for (rank, inc), steps in sorted(by_incarnation.items()):
+            if len(steps) > budget:
+                first = min(steps)
+                problems.append({
+                    "message": f"generation {g}, rank {rank} (incarnation {inc}): committed steps "
+                               f"{_ranges(sorted(steps))} executed and ended again after the "
+                               f"quorum had committed them ({len(steps)} steps, budget {budget}); "
+                               "a group that rejoins a live quorum must take the quorum's state "
+                               "(heal from a peer) instead of training from an older one",
+                    "step": first, "generation": g, "fault": _fault_before(history, g)})
+        out.append({"generation": g, "restarts": len(restarts), "budget": budget,
+                    "replayed": sorted({r.step for r in replays})})
+    return out
 
 
 _SAVE_PHASES = ("checkpoint", "checkpoint_commit")

@@ -46,6 +46,7 @@ class _Record:
     late: set[str] = field(default_factory=set)  # components recorded after the rank began a step
     at_restore: bool = False  # the workload says the digest was taken at the restore itself
     live: bool = False        # handed over in memory by running processes, not read from a file
+    index: int = -1           # the history position of its first (a load) or last (a save) event
 
 
 def _per_rank(c: Checkpoint) -> set[str]:
@@ -61,21 +62,32 @@ def _is_rng(component: str) -> bool:
 def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, int, int], _Record]:
     """(gen, rank, step) -> the merged record; ``earliest``: a component recorded twice keeps
     its first digest (a load), else its last (a save: the last one written is on disk)."""
-    first_begin: dict[tuple[int, int], int] = {}
+    # A rank's file may hold several incarnations (membership mode restarts a group inside a
+    # generation): "began a step" means since the incarnation's own start.
+    starts: dict[tuple[int, int], list[int]] = {}
+    begins: dict[tuple[int, int], list[int]] = {}
     for i, e in enumerate(history.events):
-        if e["ev"] == "begin":
-            first_begin.setdefault((int(e["gen"]), int(e["rank"])), i)
+        if e["ev"] in ("start", "begin"):
+            (starts if e["ev"] == "start" else begins).setdefault(
+                (int(e["gen"]), int(e["rank"])), []).append(i)
+
+    def began_before(c: Checkpoint) -> bool:
+        key = (c.gen, c.rank)
+        since = max((i for i in starts.get(key, ()) if i < c.index), default=-1)
+        return any(since < b < c.index for b in begins.get(key, ()))
+
     out: dict[tuple[int, int, int], _Record] = {}
     for c in history.checkpoints(kind):
         key = (c.gen, c.rank, c.step)
-        rec = out.setdefault(key, _Record(c.gen, c.rank, c.step))
+        rec = out.setdefault(key, _Record(c.gen, c.rank, c.step, index=c.index))
+        if not earliest:
+            rec.index = c.index
         rec.per_rank |= _per_rank(c)
         rec.at_restore |= str(c.info.get("digest_at", "")).startswith("restore")
         rec.live |= c.info.get("source") == "live"
         if not c.digest and not c.expected:
             continue
-        began = first_begin.get((c.gen, c.rank))
-        late = began is not None and began < c.index
+        late = began_before(c)
         for comp, d in c.digest.items():
             if not earliest or comp not in rec.digest:
                 rec.digest[comp] = d
@@ -136,8 +148,15 @@ def state_equivalence(history: History) -> Verdict:
     missing: list[dict[str, Any]] = []   # loaded never saved, saved never loaded back
     excused: list[str] = []              # differences the restore may not have caused
     verified = 0
+    def before(load: _Record) -> dict[tuple[int, int, int], _Record]:
+        """The saves a load may have read: of an earlier generation, or in membership mode
+        (a heal from a live peer) of the same generation, recorded before the load."""
+        return {k: s for k, s in saves.items() if k[2] == load.step and (
+            k[0] < load.gen or (member and k[0] == load.gen and s.index < load.index))}
+
+    member = history.replica_groups is not None
     for (gen, rank, step), load in sorted(loads.items()):
-        earlier = {k: s for k, s in saves.items() if k[2] == step and k[0] < gen}
+        earlier = before(load)
         if not load.digest:
             continue   # this rank recorded what it read, not what it loaded: nothing to compare
         if not earlier:
@@ -219,7 +238,9 @@ def state_equivalence(history: History) -> Verdict:
                  savers=savers)
     # Saved but never loaded back: compared per loading generation.
     for gen, step in sorted({(g, s) for g, _, s in loads}):
-        earlier = {k: s for k, s in saves.items() if k[2] == step and k[0] < gen}
+        last = max((l for (g, _, s), l in loads.items() if g == gen and s == step),
+                   key=lambda l: l.index)
+        earlier = before(last)
         if not earlier:
             continue
         src_gen = max(g for g, _, _ in earlier)

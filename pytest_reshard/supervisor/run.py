@@ -32,6 +32,7 @@ from pytest_reshard.contract import Cause, Env, Ev, RunDir
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
+from pytest_reshard.supervisor.membership import Membership
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
 from pytest_reshard.supervisor.watch import Outcome, Watch
@@ -66,6 +67,8 @@ class Supervisor:
         self._live: LiveGeneration | None = None
         #: A live reshard's next generation: its processes, its store, its gen_start record.
         self._next: tuple[LiveGeneration, Any, dict[str, Any]] | None = None
+        # replica_groups: a death restarts only its group (supervisor/membership.py)
+        self.members = Membership.of(scenario, self.dir, self.record, self.launcher)
 
     # -- recording -------------------------------------------------------------------------
     def record(self, ev: str, *, t: float | None = None, **fields: Any) -> None:
@@ -118,6 +121,8 @@ class Supervisor:
             self._live = None
         if self._own_launcher:
             self.launcher.close()
+        if self.members is not None:
+            self.members.close()
         if not self._sup.closed:
             self._sup.close()
 
@@ -182,12 +187,14 @@ class Supervisor:
             if restart:
                 self._live = self._live.advance(gen, world_size)
             else:
-                self._live = self.launcher.launch(self._specs(gen, world_size, roles, port,
-                                                              store is not None))
+                specs = self._specs(gen, world_size, roles, port, store is not None)
+                self._live = self.launcher.launch(specs) if self.members is None else \
+                    self.members.launch(gen, specs)
         watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
                       record=self.record, fired=self.fired, launched=launched, deadline=deadline,
                       on_status=self.on_status,
-                      on_live=lambda *answer: self._go_live(gen, roles, *answer))
+                      on_live=lambda *answer: self._go_live(gen, roles, *answer),
+                      members=self.members)
         outcome = None
         try:
             outcome = watch.run()

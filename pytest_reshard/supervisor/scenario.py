@@ -35,6 +35,9 @@ class Scenario:
     min_nodes: int = 1             # elastic: the rendezvous goes on down to this many nodes
     network: str = "auto"          # elastic: netns (a namespace and address per node), loopback, auto
     files: bool = False            # record every file event of the ranks, and the work folder at each generation's end
+    replica_groups: int | None = None  # membership mode: a death restarts only its replica group of world_size / G ranks (supervisor/membership.py)
+    member_restarts: int = 3       # membership mode: restarts allowed per replica group and generation
+    lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings (heartbeat_timeout_ms, ...)
 
     def initial_roles(self) -> list[str]:
         """Each rank's role in the first generation: as given, else the workload's default."""

@@ -14,6 +14,7 @@ from pytest_reshard.supervisor.launch import LiveGeneration
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.contract import RunDir
+    from pytest_reshard.supervisor.membership import Membership
     from pytest_reshard.supervisor.scenario import Scenario
     from pytest_reshard.supervisor.tail import EventTail
 
@@ -90,13 +91,14 @@ class Watch:
                  tail: EventTail, run_dir: RunDir, record: Callable[..., None],
                  fired: dict[int, dict], launched: float, deadline: float,
                  on_status: Callable[[Status], None] | None = None,
-                 on_live: Callable[[Outcome | None, int, str | None], Outcome] | None = None
-                 ) -> None:
+                 on_live: Callable[[Outcome | None, int, str | None], Outcome] | None = None,
+                 members: Membership | None = None) -> None:
         """``fired`` (fault id -> its event) is shared with the supervisor across generations;
         ``record`` writes a supervisor event; ``on_status`` gets the live progress; ``on_live``
         answers the ranks' request to reshard in place (the planned outcome, the step, or the
         problem with the request) and returns the outcome to end with: ``live`` once they
-        handed over, else the refusal (they then raise its reason and exit)."""
+        handed over, else the refusal (they then raise its reason and exit); ``members``
+        (membership mode) restarts a dead rank's replica group instead of ending the generation."""
         self.sc, self.gen, self.live, self.world_size = scenario, gen, live, world_size
         self.tail, self.dir, self.record, self.fired = tail, run_dir, record, fired
         self.on_status = on_status
@@ -115,6 +117,7 @@ class Watch:
         self.on_live = on_live
         self.live_asks: dict[int, int] = {}  # rank -> the step it asked to reshard in place after
         self.handover: Outcome | None = None  # how it ends once the ranks asked to go live
+        self.members = members
 
     def _detect(self, kind: Detected, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
@@ -204,6 +207,8 @@ class Watch:
         if normal and (self.planned is not None or (self._last_end(rank) or -1) >= self.sc.steps - 1):
             self.reported.add(rank)
             return
+        if self.members is not None and self._member_died(rank, code, normal):
+            return
         if self._preempting() and (code == -signal.SIGTERM or self.sigtermed):
             # A rank without SIGTERM handling dies of the preemption's SIGTERM, as on a spot
             # node, and its peers then fail their next collective: the preemption ends the
@@ -229,6 +234,18 @@ class Watch:
         detail = self._detect(kind, rank, expected=fault is not None, code=code,
                               since=fault["t"] if fault else None)
         self.failure = Failure(rank, code, now, detail)
+
+    def _member_died(self, rank: int, code: int, normal: bool) -> bool:
+        """Membership mode: restart the rank's replica group alone (the others train on); False
+        when its restart budget is spent, and the death then ends the generation."""
+        if not self.members.may_restart(rank):
+            return False
+        kind = Detected.EXITED_EARLY if normal else Detected.DIED
+        fault = self._fault_for(rank, kinds.Ending.DEATH)
+        detail = self._detect(kind, rank, expected=fault is not None, code=code,
+                              since=fault["t"] if fault else None)
+        self.members.restart(self, rank, detail)
+        return True
 
     def _watch_memory(self, live: LiveGeneration, codes: dict[int, int | None]) -> None:
         """Track each rank's peak RSS; past the budget, end the rank as the OOM killer would."""

@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     from torchft.checkpointing.pg_transport import PGTransport
     from torchft.data import DistributedSampler
 
-    incarnation = os.environ.get("RESHARD_GENERATION") or os.environ.get("TORCHFT_INCARNATION", "0")
+    # a launcher that restarts one group gives it a new TORCHFT_INCARNATION (the harness's
+    # membership mode: "gen.n"); else each generation of the harness is one
+    incarnation = os.environ.get("TORCHFT_INCARNATION") or os.environ.get("RESHARD_GENERATION", "0")
     log = Log(args.log_dir, f"g{group}-r{group_rank}-i{incarnation}")
     log("start", pid=os.getpid(), rank=rank, group=group, group_rank=group_rank,
         incarnation=incarnation)
@@ -204,7 +206,8 @@ def main(argv: list[str] | None = None) -> None:
     inputs = torch.randn(n_samples, 16, generator=data_gen)
     targets = inputs.sum(dim=1, keepdim=True)
 
-    holder: dict = {}  # the Manager, once built (the callbacks need its step)
+    holder: dict = {}  # the Manager, once built (the callbacks need its step); "before": the
+    # step this rank held when it asked for the quorum (a heal's fault point is at that step)
     healed: list = []
 
     def state() -> dict:
@@ -227,7 +230,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def torchft_load_state_dict(sd: dict) -> None:
         # torchft applies a heal here: in start_quorum (--quorum sync), or in should_commit
-        # (async, mid-step: the digest is then one taken after the step began)
+        # (async, mid-step: the digest is then one taken after the step began). The fault point
+        # "heal" is at the step the rank held before the heal (0 for a group restarted without a
+        # checkpoint): the state has arrived, none of it is applied yet.
+        run.point("heal", step=holder.get("before", 0))
         if not args.bug_skip_heal:
             net.load_state_dict(sd["model"])
             inner_opt.load_state_dict(sd["optim"])
@@ -296,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
 
     while manager.current_step() < args.steps:
         t0 = time.time()
+        holder["before"] = manager.current_step()
         optimizer.zero_grad()  # torchft: start the quorum (sync: wait for it, heal if behind)
         if args.quorum == "async":
             # the step number is the quorum's (a healer jumps to the donor's): wait for it; the
@@ -320,7 +327,9 @@ def main(argv: list[str] | None = None) -> None:
             break
         s = run.begin_step(step)
         ids = draw(step)
-        s.record(samples=ids)
+        # the membership epoch: which quorum this group trains the step in, and how many groups
+        s.record(samples=ids, quorum=manager._quorum_id, participants=manager.num_participants(),
+                 replica_group=group)
         s.point("forward")
         loss = torch.nn.functional.mse_loss(model(inputs[ids]), targets[ids])
         if args.step_sleep:

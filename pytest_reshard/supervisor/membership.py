@@ -1,0 +1,225 @@
+"""Membership mode (``Scenario.replica_groups=G``): a death ends one replica group, not the
+generation.
+
+Fault-tolerant trainers (torchft) keep training on the replica groups left when one dies, and
+a restarted group rejoins and heals from a live peer. To test that, the supervisor must not end
+the generation on an unplanned death: it kills the rest of the dead rank's group (ranks
+``g * per .. g * per + per - 1``, ``per = world_size // G``), records an ``Ev.MEMBER`` event and
+starts just those ranks again through the same launcher (a fork from the warm server), into the
+running generation, with ``TORCHFT_REJOIN=1`` and a new ``TORCHFT_INCARNATION``. Each group may
+be restarted ``Scenario.member_restarts`` times per generation; past that the death ends the
+generation as it would outside this mode.
+
+The Lighthouse (torchft's quorum server) must outlive every group, so with
+``Scenario.lighthouse`` set the supervisor hosts it in its own process for the whole run and
+passes its address as ``TORCHFT_LIGHTHOUSE``; ``close`` shuts it down.
+
+A restarted incarnation appends to its rank's events file of the same generation; the history
+tells incarnations apart by their ``start`` events. The generation's plan is rewritten without
+the faults that already fired before each restart, so a restarted rank does not fire them again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from pytest_reshard.contract import Ev
+from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, RankSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.contract import RunDir
+    from pytest_reshard.supervisor.scenario import Scenario
+    from pytest_reshard.supervisor.watch import Watch
+
+__all__ = ["Membership", "MemberGeneration", "check_scenario"]
+
+#: The Lighthouse's settings unless the scenario says otherwise: a quorum of one may form (the
+#: survivors train on), and a silent group is dead after 1 s (torchft's default is 5 s).
+LIGHTHOUSE_DEFAULTS = {"min_replicas": 1, "join_timeout_ms": 10000, "quorum_tick_ms": 100,
+                       "heartbeat_timeout_ms": 1000}
+
+
+def check_scenario(sc: "Scenario") -> None:
+    """Reject a membership scenario that cannot mean what its author wants."""
+    g = sc.replica_groups
+    if g is None:
+        if sc.lighthouse is not None:
+            raise ValueError("lighthouse= needs replica_groups=G (membership mode): a Lighthouse "
+                             "outside the groups matters only when groups restart alone")
+        return
+    if g < 1 or sc.world_size % g:
+        raise ValueError(f"replica_groups={g} must divide world_size={sc.world_size} (each group "
+                         "has world_size / G ranks)")
+    if sc.launcher not in ("fork", "local"):
+        raise ValueError(f"replica_groups needs launcher='fork' or 'local' (it relaunches one group "
+                         f"through the launcher), not {sc.launcher!r}")
+    unknown = set(sc.lighthouse or {}) - set(LIGHTHOUSE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"lighthouse: unknown settings {sorted(unknown)}; known: "
+                         f"{sorted(LIGHTHOUSE_DEFAULTS)}")
+
+
+class MemberGeneration(LiveGeneration):
+    """One generation's ranks when groups restart alone: each rank is answered by the launch
+    that started its latest incarnation."""
+
+    def __init__(self, first: LiveGeneration, ranks: Sequence[int]) -> None:
+        self.lives = [first]
+        self.owner = {r: first for r in ranks}
+
+    def _ranks_of(self, live: LiveGeneration) -> list[int]:
+        return [r for r, o in self.owner.items() if o is live]
+
+    def pids(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for live in self.lives:
+            pids = live.pids()
+            out.update({r: pids[r] for r in self._ranks_of(live) if r in pids})
+        return out
+
+    def exit_codes(self) -> dict[int, int | None]:
+        out: dict[int, int | None] = {}
+        for live in self.lives:
+            mine = self._ranks_of(live)
+            if mine:
+                codes = live.exit_codes()
+                out.update({r: codes.get(r) for r in mine})
+        return dict(sorted(out.items()))
+
+    def signal(self, rank: int, sig: int) -> None:
+        self.owner[rank].signal(rank, sig)
+
+    def kill(self) -> None:
+        for live in self.lives:
+            live.kill()
+
+    def state(self, rank: int, pid: int | None) -> str | None:
+        return self.owner[rank].state(rank, pid)
+
+    def peak_rss(self, rank: int, pid: int | None) -> int | None:
+        return self.owner[rank].peak_rss(rank, pid)
+
+    def last_beat(self, rank: int) -> float | None:
+        return self.owner[rank].last_beat(rank)
+
+    def deliver(self, fault: dict[str, Any]) -> float | None:
+        return self.lives[0].deliver(fault)
+
+    def adopt(self, live: LiveGeneration, ranks: Sequence[int]) -> None:
+        self.lives.append(live)
+        self.owner.update({r: live for r in ranks})
+
+
+class Membership:
+    """The supervisor's side of membership mode for a whole run: the Lighthouse, the restart
+    budget, and the relaunch of one group."""
+
+    def __init__(self, scenario: "Scenario", run_dir: "RunDir", record: Callable[..., None],
+                 launcher: Any) -> None:
+        check_scenario(scenario)
+        self.sc, self.dir, self.record, self.launcher = scenario, run_dir, record, launcher
+        self.groups = int(scenario.replica_groups or 1)
+        self.per = scenario.world_size // self.groups
+        self.lighthouse: Any = None
+        self.address: str | None = None
+        record(Ev.MEMBER, action="groups", groups=self.groups, per=self.per,
+               member_restarts=scenario.member_restarts)
+        if scenario.lighthouse is not None:
+            from torchft._torchft import LighthouseServer  # only when asked: torchft is optional
+
+            opts = {**LIGHTHOUSE_DEFAULTS, **scenario.lighthouse}
+            self.lighthouse = LighthouseServer(bind="[::]:0", **opts)
+            self.address = self.lighthouse.address()
+            record(Ev.MEMBER, action="lighthouse", address=self.address, **opts)
+        self.gen = -1
+        self.specs: dict[int, RankSpec] = {}
+        self.restarts: dict[int, int] = {}  # group -> restarts in this generation
+        self.incarnation = 0
+
+    @classmethod
+    def of(cls, scenario: "Scenario", run_dir: "RunDir", record: Callable[..., None],
+           launcher: Any) -> "Membership | None":
+        return cls(scenario, run_dir, record, launcher) if scenario.replica_groups else None
+
+    def group_of(self, rank: int) -> list[int]:
+        g = rank // self.per
+        return list(range(g * self.per, (g + 1) * self.per))
+
+    def launch(self, gen: int, specs: Sequence[RankSpec]) -> MemberGeneration:
+        """Start generation ``gen``'s ranks, with what membership mode tells them."""
+        self.gen, self.restarts = gen, {}
+        for s in specs:
+            s.env.update(self._env(gen, str(gen)))
+        self.specs = {s.rank: s for s in specs}
+        return MemberGeneration(self.launcher.launch(specs), [s.rank for s in specs])
+
+    def _env(self, gen: int, incarnation: str) -> dict[str, str]:
+        env = {"TORCHFT_MEMBERSHIP": "1", "TORCHFT_INCARNATION": incarnation,
+               "NUM_REPLICA_GROUPS": str(self.groups)}
+        if self.address:
+            env["TORCHFT_LIGHTHOUSE"] = self.address
+        return env
+
+    def may_restart(self, rank: int) -> bool:
+        """Whether ``rank``'s group has restarts left in this generation (recorded when not)."""
+        g = rank // self.per
+        if self.restarts.get(g, 0) < self.sc.member_restarts:
+            return True
+        self.record(Ev.MEMBER, action="exhausted", gen=self.gen, group=g, ranks=self.group_of(rank),
+                    detail=f"group {g} was restarted {self.sc.member_restarts} times in generation "
+                           f"{self.gen} already (member_restarts): this death ends the generation")
+        return False
+
+    def restart(self, watch: "Watch", rank: int, cause: str) -> None:
+        """Kill the rest of ``rank``'s group, then start the whole group again into the running
+        generation (``may_restart`` said it may)."""
+        live = watch.live
+        assert isinstance(live, MemberGeneration)
+        ranks = self.group_of(rank)
+        g = rank // self.per
+        killed_at = time.time()
+        for r in ranks:
+            if r != rank and live.exit_codes().get(r) is None:
+                live.signal(r, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_S
+        codes = live.exit_codes()
+        while any(codes.get(r) is None for r in ranks):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"membership: ranks {ranks} of group {g} did not exit within "
+                                   f"{KILL_WAIT_S:.0f} s of SIGKILL")
+            time.sleep(0.01)
+            codes = live.exit_codes()
+        self.restarts[g] = self.restarts.get(g, 0) + 1
+        self.incarnation += 1
+        incarnation = f"{self.gen}.{self.incarnation}"
+        self._replan(watch.fired)
+        specs = []
+        for r in ranks:
+            base = self.specs[r]
+            env = {**base.env, **self._env(self.gen, incarnation), "TORCHFT_REJOIN": "1"}
+            specs.append(RankSpec(rank=r, argv=base.argv, env=env, cwd=base.cwd, log=base.log))
+        self.record(Ev.MEMBER, action="restart", gen=self.gen, group=g, ranks=ranks,
+                    incarnation=incarnation, cause=cause, codes={str(r): codes[r] for r in ranks},
+                    killed_t=killed_at, restart=self.restarts[g])
+        live.adopt(self.launcher.launch(specs), ranks)
+        for r in ranks:
+            watch.reported.discard(r)
+            watch.stopped_since.pop(r, None)
+
+    def _replan(self, fired: dict[int, dict]) -> None:
+        """Drop the faults that fired from the generation's plan (atomically): the restarted
+        ranks read it at attach; the running ones read it long ago."""
+        path = self.dir.plan(self.gen)
+        plan = json.loads(path.read_text())
+        plan["faults"] = [f for f in plan["faults"] if f["id"] not in fired]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan, indent=1))
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+            self.lighthouse = None

@@ -1,0 +1,85 @@
+"""Membership mode's history and checkers, on hand-built histories (tests/histories.py): one
+generation in which replica group 1 is killed and restarted alone while group 0 trains on."""
+from .histories import DIGEST, clean_run, membership_run
+
+from pytest_reshard.checkers import (exactly_once_samples, loss_continuity, no_rewind,
+                                     state_equivalence)
+
+STEPS = 12
+
+
+def test_incarnations_attempts_and_commits():
+    h = membership_run(steps=STEPS, kill_at=4).history()
+    assert h.replica_groups == (2, 1)
+    assert [a.incarnation for a in h.attempts(0, rank=1) if a.step in (3, 4, 5)] == [0, 0, 1, 1]
+    # step 4: rank 0's first attempt was not committed, rank 1's first died in it; both retried
+    assert [a.ended for a in h.attempts(0) if a.step == 4] == [False, False, True, True]
+    assert h.committed(0) == frozenset(range(STEPS))
+    assert h.samples(0, 4) == {0: [(0, 16), (0, 18)], 1: [(0, 17), (0, 19)]}  # ended ones only
+    assert h.replays(0) == [] and h.reduced_steps(0) == frozenset()
+    assert [e["incarnation"] for e in h.member_restarts(0)] == ["0.1"]
+
+
+def test_a_quorum_of_one_commits_steps_alone():
+    h = membership_run(steps=STEPS, kill_at=4, heal_at=7).history()
+    assert h.committed(0) == frozenset(range(STEPS))   # group 0 committed 4..6 by itself
+    assert h.reduced_steps(0) == frozenset({4, 5, 6})
+
+
+def test_no_rewind_passes_a_heal_and_fails_a_group_that_retrains_committed_steps():
+    ok = no_rewind(membership_run(steps=STEPS).history())
+    assert ok.status == "pass", ok.message
+    assert "1 group restart, no committed step executed again" in ok.message
+    h = membership_run(steps=STEPS, kill_at=4, heal_at=6, rejoin_from=0).history()
+    assert {r.step for r in h.replays(0)} == {0, 1, 2, 3, 4, 5}
+    bad = no_rewind(h)
+    assert bad.status == "fail", bad.message
+    assert "rank 1 (incarnation 1): committed steps 0..5 executed and ended again" in bad.message
+
+
+def test_state_equivalence_compares_the_heal_with_the_donor_in_the_same_generation():
+    ok = state_equivalence(membership_run(steps=STEPS).history())
+    assert ok.status == "pass", ok.message
+    assert ok.details["loads_verified"] == 1
+    # the healer's load comes after its first incarnation began steps: not "late", a fail
+    bad = state_equivalence(membership_run(steps=STEPS, heal_digest={**DIGEST, "model": "ffff"})
+                            .history())
+    assert bad.status == "fail", bad.message
+    assert "model state differs after the load of step 3 in generation 0" in bad.message
+    assert "on rank 1" in bad.message
+
+
+def test_exactly_once_counts_ended_attempts_and_names_the_share_a_quorum_of_one_lost():
+    ref = clean_run(steps=STEPS)
+    ok = exactly_once_samples(membership_run(steps=STEPS).history(), reference=ref)
+    assert ok.status == "pass", ok.message   # step 4's failed attempts are not a second use
+    lost = exactly_once_samples(membership_run(steps=STEPS, heal_at=7).history(), reference=ref)
+    assert lost.status == "fail", lost.message
+    assert "6 samples the reference consumed by step 11 were never consumed" in lost.message
+    assert "steps 4..6 were committed by a quorum of fewer replica groups" in lost.message
+
+
+def test_loss_continuity_is_unknown_after_a_quorum_of_fewer_groups():
+    ref = clean_run(steps=STEPS)
+    ok = loss_continuity(membership_run(steps=STEPS).history(), references=[ref])
+    assert ok.status == "pass", ok.message
+    alone = loss_continuity(membership_run(steps=STEPS, heal_at=7).history(), references=[ref])
+    assert alone.status == "unknown", alone.message   # matching losses, but never judged so
+    assert alone.message.startswith("steps 4..6 were committed by a quorum of fewer than 2")
+    # a trajectory the smaller quorum moved is no false alarm: unknown, saying it differs
+    b = membership_run(steps=STEPS, heal_at=7)
+    for e in b.events:
+        if e["ev"] == "record" and e.get("step", 0) >= 8 and "loss" in e:
+            e["loss"] += 0.5
+    assert loss_continuity(clean_run(steps=STEPS), references=[ref]).status == "pass"
+    moved = loss_continuity(b.history(), references=[ref])
+    assert moved.status == "unknown", moved.message
+    assert moved.details["verdict_before"] == "fail"
+    assert "the run differs from the clean run" in moved.message
+    # the same difference without a smaller quorum is a fail
+    b = membership_run(steps=STEPS)
+    for e in b.events:
+        if e["ev"] == "record" and e.get("step", 0) >= 8 and "loss" in e:
+            e["loss"] += 0.5
+    bad = loss_continuity(b.history(), references=[ref])
+    assert bad.status == "fail", bad.message
