@@ -285,8 +285,9 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
     ``assert_*`` methods check the recorded history.
     """
     state: _State = request.config.stash[_STATE]
-    marker = request.node.get_closest_marker("reshard")
-    defaults = dict(marker.kwargs) if marker else {}
+    defaults: dict[str, Any] = {}  # a module's marker, then the class's, then the test's own
+    for marker in reversed(list(request.node.iter_markers("reshard"))):
+        defaults.update(marker.kwargs)
     count = 0
 
     def run(workload: str | None = None, faults: Any = (), **overrides: Any) -> Any:

@@ -1,6 +1,6 @@
 """Membership mode's history and checkers, on hand-built histories (tests/histories.py): one
 generation in which replica group 1 is killed and restarted alone while group 0 trains on."""
-from .histories import DIGEST, clean_run, membership_run
+from .histories import DIGEST, Builder, clean_run, membership_run
 
 from pytest_reshard.checkers import (exactly_once_samples, loss_continuity, no_rewind,
                                      state_equivalence)
@@ -83,3 +83,42 @@ def test_loss_continuity_is_unknown_after_a_quorum_of_fewer_groups():
             e["loss"] += 0.5
     bad = loss_continuity(b.history(), references=[ref])
     assert bad.status == "fail", bad.message
+
+
+def test_liveness_counts_steps_after_a_sigterm_in_that_process_only():
+    """A preempted group's next process trains on after its heal: not 'kept training after
+    SIGTERM'; the preempted process itself doing so is."""
+    from pytest_reshard.checkers import liveness
+
+    def run(restarted: bool):
+        b = Builder(steps=8, faults=[{"kind": "preempt", "target": "rank:1", "step": 3,
+                                      "phase": "forward", "params": {"grace_s": 10}}])
+        b.sup("member", action="groups", groups=2, per=1, member_restarts=3)
+        b.sup("gen_start", gen=0, world_size=2, roles=["trainer", "trainer"], launcher="fork")
+        for r in (0, 1):
+            b.rank(0, r, "start", world_size=2, role="trainer", pid=100 + r)
+            b.rank(0, r, "signal", signal="SIGTERM", armed=True)
+            b.rank(0, r, "resumed", step=0, source="fresh")
+        for s in range(8):
+            for r in (0, 1):
+                if r == 1 and s == 4 and restarted:
+                    b.rank(0, 1, "exit", code=0)
+                    b.sup("member", action="restart", gen=0, group=1, ranks=[1],
+                          incarnation="0.1", cause="preempted", codes={"1": 0}, restart=1,
+                          fault_id=0)
+                    b.rank(0, 1, "start", world_size=2, role="trainer", pid=200)
+                b.rank(0, r, "begin", step=s)
+                if r == 1 and s == 3:
+                    b.rank(0, 1, "fault", step=3, phase="forward", kind="preempt", id=0,
+                           params={"grace_s": 10})
+                    b.rank(0, 1, "signal", signal="SIGTERM")
+                b.rank(0, r, "end", step=s)
+        for r in (0, 1):
+            b.rank(0, r, "exit", code=0)
+        b.sup("gen_end", gen=0, cause="complete", planned=False, fault_id=None, detail="")
+        return liveness(b.history())
+
+    assert run(restarted=True).status == "pass", run(restarted=True).message
+    stayed = run(restarted=False)
+    assert stayed.status == "fail" and "rank 1 kept training 4 steps after SIGTERM" in \
+        stayed.message, stayed.message

@@ -89,3 +89,51 @@ def test_a_healer_that_skips_the_heal_fails_state_equivalence(reshard_run, torch
     v = result.verdicts
     assert v["state_equivalence"].status == "fail", v["state_equivalence"].message
     assert "rank 1" in v["state_equivalence"].message
+
+
+@pytest.mark.reshard(steps=60, member_restart_delay_s=1.5)
+def test_a_group_down_longer_than_the_heartbeat_loses_its_share(reshard_run, torchft_train):
+    """What torchft loses, judged from the history: while group 1 is down (1.5 s and its start,
+    against the Lighthouse's 1 s heartbeat timeout) group 0 commits steps alone; group 1's share
+    of those steps is never trained (a documented trade-off of torchft), then it comes back and
+    heals exactly (60 steps of 0.1 s: the survivor cannot finish alone before it is back)."""
+    result = reshard_run(torchft_train, args=[*ARGS, "--step-sleep", "0.1"], faults=[KILL])
+    h, v = result.history, result.verdicts
+    [restart] = h.member_restarts(0)
+    assert restart["delay_s"] == 1.5
+    heals = _heals(h)
+    assert heals and all(d is not None and load.digest == d.digest for load, d in heals)
+    reduced = h.reduced_steps(0)
+    assert reduced, "group 0 should have committed steps alone"
+    samples = v["exactly_once_samples"]
+    assert samples.status == "fail" and "quorum of fewer replica groups" in samples.message, samples
+    assert v["loss_continuity"].status == "unknown", v["loss_continuity"].message
+    for name in ("no_rewind", "state_equivalence", "liveness"):
+        assert v[name].status == "pass", f"{name}: {v[name].message}"
+
+
+def test_preempting_one_group_restarts_it_alone(reshard_run, torchft_train):
+    result = reshard_run(torchft_train, args=ARGS,
+                         faults=[chaos.preempt(rank=1, at_step=5, phase="forward", grace_s=20)])
+    h, v = result.history, result.verdicts
+    [preempt] = [e for e in h.supervisor_events("member") if e["action"] == "preempt"]
+    assert preempt["groups"] == [1]
+    [restart] = h.member_restarts(0)
+    assert restart["group"] == 1 and restart["fault_id"] == 0
+    assert len(h.generations) == 1, "a preemption of one group is not the generation's"
+    assert not [d for d in h.detections() if d.kind != "died" or not d.expected]
+    for name in ("no_rewind", "state_equivalence", "liveness"):
+        assert v[name].status == "pass", f"{name}: {v[name].message}"
+    _judged_honestly(result)
+
+
+def test_two_groups_killed_in_a_row_both_heal(reshard_run, torchft_train):
+    result = reshard_run(torchft_train, args=ARGS, faults=[
+        KILL, chaos.kill(rank=0, at_step=14, phase="backward")])
+    h, v = result.history, result.verdicts
+    assert [e["group"] for e in h.member_restarts(0)] == [1, 0]
+    heals = _heals(h)
+    assert len(heals) >= 2 and all(d is not None and load.digest == d.digest for load, d in heals)
+    for name in ("no_rewind", "state_equivalence", "liveness"):
+        assert v[name].status == "pass", f"{name}: {v[name].message}"
+    _judged_honestly(result)

@@ -127,6 +127,8 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
         seen, landed, arrived, limit, after = False, False, f.step, f.step, set()
         begun = ended = None
         for e in history.rank_events(gen=f.gen, rank=f.rank):
+            if seen and e["ev"] == "start":
+                break  # a new process of this rank (membership mode restarted its group)
             if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
                     and e.get("phase") == f.phase:
                 seen = True

@@ -421,8 +421,9 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
             worst = max(failing, key=lambda x: (x.units, -x.step))
             if worst.step != s:
                 text += f"; worst at step {worst.step} (generation {worst.occ.gen}): {dev_text(worst)}"
-            text += (f" ({tol_text(r)}); the resumed state differs from the saved one (optimizer "
-                     "moments, LR schedule, data position or RNG): see state_equivalence")
+            text += (f" ({tol_text(r)})" + ("" if resume is None else
+                     "; a resumed state that differs from the saved one (optimizer moments, LR "
+                     "schedule, data position or RNG) does this: see state_equivalence"))
             if jumps:
                 j = jumps[0]
                 text += (f"; the loss {'also ' if j.step != s else ''}jumps at resume point step "

@@ -8,7 +8,13 @@ the generation on an unplanned death: it kills the rest of the dead rank's group
 starts just those ranks again through the same launcher (a fork from the warm server), into the
 running generation, with ``TORCHFT_REJOIN=1`` and a new ``TORCHFT_INCARNATION``. Each group may
 be restarted ``Scenario.member_restarts`` times per generation; past that the death ends the
-generation as it would outside this mode.
+generation as it would outside this mode. ``Scenario.member_restart_delay_s`` keeps a dead
+group down that long first (a replacement node takes time): the quorum then trains on without
+it, which is what the sample and loss checks must see.
+
+A preemption whose ranks are some groups but not all (``preempt(rank=...)``) is that group's,
+not the generation's: the group gets its SIGTERM and grace, the others train on, and once it
+exited (or was killed when the grace ran out, as a scheduler would) it is restarted the same way.
 
 The Lighthouse (torchft's quorum server) must outlive every group, so with
 ``Scenario.lighthouse`` set the supervisor hosts it in its own process for the whole run and
@@ -60,6 +66,8 @@ def check_scenario(sc: "Scenario") -> None:
     if unknown:
         raise ValueError(f"lighthouse: unknown settings {sorted(unknown)}; known: "
                          f"{sorted(LIGHTHOUSE_DEFAULTS)}")
+    if sc.member_restart_delay_s < 0:
+        raise ValueError(f"member_restart_delay_s must be >= 0, got {sc.member_restart_delay_s}")
 
 
 class MemberGeneration(LiveGeneration):
@@ -138,6 +146,9 @@ class Membership:
         self.specs: dict[int, RankSpec] = {}
         self.restarts: dict[int, int] = {}  # group -> restarts in this generation
         self.incarnation = 0
+        self.pending: dict[int, tuple[float, list[RankSpec]]] = {}  # group -> (due, its specs)
+        self.preempted: dict[int, tuple[int, float]] = {}  # group -> (fault id, grace deadline)
+        self.fault_ranks: dict[int, list[int]] = {}  # fault id -> the ranks it targets (the plan)
 
     @classmethod
     def of(cls, scenario: "Scenario", run_dir: "RunDir", record: Callable[..., None],
@@ -145,15 +156,16 @@ class Membership:
         return cls(scenario, run_dir, record, launcher) if scenario.replica_groups else None
 
     def group_of(self, rank: int) -> list[int]:
-        g = rank // self.per
-        return list(range(g * self.per, (g + 1) * self.per))
+        return self._ranks(rank // self.per)
 
     def launch(self, gen: int, specs: Sequence[RankSpec]) -> MemberGeneration:
         """Start generation ``gen``'s ranks, with what membership mode tells them."""
-        self.gen, self.restarts = gen, {}
+        self.gen, self.restarts, self.pending, self.preempted = gen, {}, {}, {}
         for s in specs:
             s.env.update(self._env(gen, str(gen)))
         self.specs = {s.rank: s for s in specs}
+        plan = json.loads(self.dir.plan(gen).read_text())
+        self.fault_ranks = {int(f["id"]): list(f["ranks"]) for f in plan["faults"]}
         return MemberGeneration(self.launcher.launch(specs), [s.rank for s in specs])
 
     def _env(self, gen: int, incarnation: str) -> dict[str, str]:
@@ -162,6 +174,47 @@ class Membership:
         if self.address:
             env["TORCHFT_LIGHTHOUSE"] = self.address
         return env
+
+    def down(self, rank: int) -> bool:
+        """The rank's group is down, or being preempted: its exits are the restart's to handle."""
+        return rank // self.per in self.pending
+
+    def preempt(self, fault: dict[str, Any], grace_s: float) -> bool:
+        """A planned preemption fired: True when it is one group's (the ranks it targets cover
+        some groups, not all), which then exits on its own grace while the others train on."""
+        groups = {r // self.per for r in self.fault_ranks.get(int(fault["id"]), ())}
+        if not groups or len(groups) == self.groups:
+            return False
+        for g in groups:
+            self.preempted.setdefault(g, (int(fault["id"]), time.monotonic() + grace_s))
+        self.record(Ev.MEMBER, action="preempt", gen=self.gen, groups=sorted(groups),
+                    fault_id=fault["id"], grace_s=grace_s)
+        return True
+
+    def poll(self, watch: "Watch") -> None:
+        """Each watch poll: a preempted group past its grace is killed (as a scheduler would),
+        and a group whose restart delay is over is started again."""
+        now = time.monotonic()
+        live = watch.live
+        assert isinstance(live, MemberGeneration)
+        codes = live.exit_codes()
+        for g, (fault_id, deadline) in self.preempted.items():
+            alive = [r for r in self._ranks(g) if codes.get(r) is None]
+            if now > deadline and alive:
+                self.record(Ev.MEMBER, action="grace_expired", gen=self.gen, group=g, ranks=alive,
+                            fault_id=fault_id)
+                for r in alive:
+                    live.signal(r, signal.SIGKILL)
+        for g, (due, specs) in list(self.pending.items()):
+            if now >= due:
+                del self.pending[g]
+                live.adopt(self.launcher.launch(specs), [s.rank for s in specs])
+                for s in specs:
+                    watch.reported.discard(s.rank)
+                    watch.stopped_since.pop(s.rank, None)
+
+    def _ranks(self, g: int) -> list[int]:
+        return list(range(g * self.per, (g + 1) * self.per))
 
     def may_restart(self, rank: int) -> bool:
         """Whether ``rank``'s group has restarts left in this generation (recorded when not)."""
@@ -201,13 +254,15 @@ class Membership:
             base = self.specs[r]
             env = {**base.env, **self._env(self.gen, incarnation), "TORCHFT_REJOIN": "1"}
             specs.append(RankSpec(rank=r, argv=base.argv, env=env, cwd=base.cwd, log=base.log))
+        preempted = self.preempted.pop(g, None)
+        delay = self.sc.member_restart_delay_s
         self.record(Ev.MEMBER, action="restart", gen=self.gen, group=g, ranks=ranks,
                     incarnation=incarnation, cause=cause, codes={str(r): codes[r] for r in ranks},
-                    killed_t=killed_at, restart=self.restarts[g])
-        live.adopt(self.launcher.launch(specs), ranks)
-        for r in ranks:
-            watch.reported.discard(r)
-            watch.stopped_since.pop(r, None)
+                    killed_t=killed_at, restart=self.restarts[g], delay_s=delay,
+                    **({"fault_id": preempted[0]} if preempted else {}))
+        self.pending[g] = (time.monotonic() + delay, specs)
+        watch.reported.update(ranks)  # down until poll starts them again
+        self.poll(watch)
 
     def _replan(self, fired: dict[int, dict]) -> None:
         """Drop the faults that fired from the generation's plan (atomically): the restarted

@@ -37,6 +37,7 @@ class Scenario:
     files: bool = False            # record every file event of the ranks, and the work folder at each generation's end
     replica_groups: int | None = None  # membership mode: a death restarts only its replica group of world_size / G ranks (supervisor/membership.py)
     member_restarts: int = 3       # membership mode: restarts allowed per replica group and generation
+    member_restart_delay_s: float = 0.0  # membership mode: a dead group comes back this much later (a replacement node)
     lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings (heartbeat_timeout_ms, ...)
 
     def initial_roles(self) -> list[str]:

@@ -146,6 +146,8 @@ class Watch:
             elif kind == Ev.FAULT and ev["id"] not in self.fired:
                 self.fired[ev["id"]] = ev
                 declared = kinds.get(ev["kind"])
+                if self._member_preempt(ev, declared):
+                    continue
                 if declared.ending_of(ev["params"]) is kinds.Ending.PLANNED:
                     granted = self.live.deliver(ev)  # a scheduler's part, and its own grace
                     if granted is not None:
@@ -235,15 +237,27 @@ class Watch:
                               since=fault["t"] if fault else None)
         self.failure = Failure(rank, code, now, detail)
 
+    def _member_preempt(self, ev: dict, declared: kinds.FaultKind) -> bool:
+        """Membership mode: a preemption of some groups is theirs, not the generation's."""
+        if self.members is None or declared.cause is not Cause.PREEMPT:
+            return False
+        return self.members.preempt(ev, float(ev["params"][declared.deadline_param]))
+
     def _member_died(self, rank: int, code: int, normal: bool) -> bool:
         """Membership mode: restart the rank's replica group alone (the others train on); False
         when its restart budget is spent, and the death then ends the generation."""
+        if self.members.down(rank):
+            self.reported.add(rank)
+            return True
         if not self.members.may_restart(rank):
             return False
-        kind = Detected.EXITED_EARLY if normal else Detected.DIED
-        fault = self._fault_for(rank, kinds.Ending.DEATH)
-        detail = self._detect(kind, rank, expected=fault is not None, code=code,
-                              since=fault["t"] if fault else None)
+        if rank // self.members.per in self.members.preempted:  # planned: no detection
+            detail = f"rank {rank} ended by its group's preemption (exit code {code})"
+        else:
+            kind = Detected.EXITED_EARLY if normal else Detected.DIED
+            fault = self._fault_for(rank, kinds.Ending.DEATH)
+            detail = self._detect(kind, rank, expected=fault is not None, code=code,
+                                  since=fault["t"] if fault else None)
         self.members.restart(self, rank, detail)
         return True
 
@@ -286,6 +300,9 @@ class Watch:
             codes = live.exit_codes()  # first: a rank writes all its events before it exits
             self.tail.poll(gen)
             self._on_events(self.tail.take())
+            if self.members is not None:
+                self.members.poll(self)
+                codes = live.exit_codes()  # a group started again runs now
             now = time.monotonic()
             # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
             # silent exit, an exception of its own) stops writing events before its peers fail.
