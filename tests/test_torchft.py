@@ -137,3 +137,20 @@ def test_two_groups_killed_in_a_row_both_heal(reshard_run, torchft_train):
     for name in ("no_rewind", "state_equivalence", "liveness"):
         assert v[name].status == "pass", f"{name}: {v[name].message}"
     _judged_honestly(result)
+
+
+@pytest.mark.parametrize("world, groups", [(4, 2), (3, 3)], ids=["2x2_ddp_inside", "3x1"])
+def test_kill_one_group_of_several_layouts_heals(reshard_run, torchft_train, world, groups):
+    """Two groups of two ranks (data parallel inside each group too), and three groups."""
+    result = reshard_run(torchft_train, world_size=world, replica_groups=groups,
+                         args=[*ARGS[2:], "--groups", str(groups)],
+                         faults=[chaos.kill(rank=world - 1, at_step=5, phase="backward")])
+    h, v = result.history, result.verdicts
+    [restart] = h.member_restarts(0)
+    assert restart["ranks"] == list(range(world - world // groups, world))
+    heals = _heals(h)
+    assert len(heals) == world // groups and all(d is not None and load.digest == d.digest
+                                                  for load, d in heals)
+    for name in ("no_rewind", "state_equivalence", "liveness"):
+        assert v[name].status == "pass", f"{name}: {v[name].message}"
+    _judged_honestly(result)
