@@ -445,8 +445,9 @@ class Run:
         self.active = False
         self._beating.set()
         if self._fd >= 0 and not self._files_watched:
-            os.close(self._fd)
+            os.close(self._fd)  # its number may be the next Run's file: nothing writes here now
             self._fd = -1
+            self._write = lambda data: None
         os.environ.update({"RANK": str(change.rank), "WORLD_SIZE": str(change.world_size),
                            "LOCAL_WORLD_SIZE": str(change.world_size),
                            "MASTER_ADDR": change.master_addr,

@@ -240,7 +240,6 @@ class Supervisor:
                 self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)
 
-
     def _go_live(self, gen: int, roles: list[str], outcome: Outcome | None, step: int,
                  problem: str | None) -> Outcome:
         """Every rank of ``gen`` asked to do its planned reshard in place after ``step``: plan
