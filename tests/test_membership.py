@@ -46,7 +46,7 @@ def test_state_equivalence_compares_the_heal_with_the_donor_in_the_same_generati
                             .history())
     assert bad.status == "fail", bad.message
     assert "model state differs after the load of step 3 in generation 0" in bad.message
-    assert "on rank 1" in bad.message
+    assert "on rank 1" in bad.message and "sent by a live peer (a heal)" in bad.message
 
 
 def test_exactly_once_counts_ended_attempts_and_names_the_share_a_quorum_of_one_lost():

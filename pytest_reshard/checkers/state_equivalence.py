@@ -45,7 +45,7 @@ class _Record:
     expected: dict[str, str] = field(default_factory=dict)
     late: set[str] = field(default_factory=set)  # components recorded after the rank began a step
     at_restore: bool = False  # the workload says the digest was taken at the restore itself
-    live: bool = False        # handed over in memory by running processes, not read from a file
+    source: str = ""          # the workload's word for where a load came from ("live", a heal)
     index: int = -1           # the history position of its first (a load) or last (a save) event
 
 
@@ -84,7 +84,7 @@ def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, in
             rec.index = c.index
         rec.per_rank |= _per_rank(c)
         rec.at_restore |= str(c.info.get("digest_at", "")).startswith("restore")
-        rec.live |= c.info.get("source") == "live"
+        rec.source = rec.source or str(c.info.get("source") or "")
         if not c.digest and not c.expected:
             continue
         late = began_before(c)
@@ -372,11 +372,12 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
     if src_gen is None:
         return ("the state loaded is not what the checkpoint holds: restore every component into "
                 "the objects being trained")
-    if load.live:
-        return (f"the {comp} was handed over in memory (a live reshard) and rank {load.rank} "
-                "holds something else: check that it received the state and copied every tensor "
-                "into the objects that train (sharded state: which rows each rank cuts from the "
-                "old shards for its new ones)")
+    if load.source == "live" or "heal" in load.source:
+        how = "handed over in memory (a live reshard)" if load.source == "live" else \
+            "sent by a live peer (a heal)"
+        return (f"the {comp} was {how} and rank {load.rank} holds something else: check that it "
+                "received the state and copied every tensor into the objects that train "
+                "(sharded state: which rows each rank cuts from the old shards for its new ones)")
     recorded = [saves[k] for k in saves if k[0] == src_gen and k[2] == load.step]
     digests = {rec.digest.get(comp) for rec in recorded} - {None}
     per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)
