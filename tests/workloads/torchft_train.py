@@ -31,6 +31,11 @@ the donor's ``state_dict`` callback, which torchft calls when a peer recovers fr
 ``run.checkpoint_saved``. Every ``--ckpt-every`` committed steps each rank also writes its own file
 (model, optimizer, torchft's manager state), for launchers that restart the whole world.
 
+The model: ``--model mlp`` (default) a small MLP on a regression; ``--model gpt`` the bundled LM's
+tiny GPT (``pytest_reshard.fixtures.lm``: its model, its token data, its loss and AdamW settings,
+without its FSDP2 sharding or LR schedule), to compare torchft's recovery with the LM's own on the
+same model (``bench/recovery.py``).
+
 Samples: ``--data step`` (default) derives each rank's sample ids from the committed step
 (``step * G * per * B + (g * per + group_rank) * B + i``): a step retried draws the same ids again, a
 group that heals resumes at the donor's position. ``--data sampler`` walks torchft's own
@@ -62,7 +67,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=int(os.environ.get("RESHARD_STEPS", 20)))
     p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"))
     p.add_argument("--batch", type=int, default=4, help="samples per rank and step")
-    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=32, help="--model mlp: its hidden width")
+    p.add_argument("--model", choices=["mlp", "gpt"], default="mlp",
+                   help="mlp: a 16-in, 1-out MLP on a sum-regression (MSE); gpt: the bundled LM's "
+                        "tiny GPT on its synthetic token sequences (next-token cross-entropy), to "
+                        "compare torchft's recovery with the LM's on the same model")
     p.add_argument("--ckpt-every", type=int, default=5)
     p.add_argument("--quorum", choices=["sync", "async"], default="sync",
                    help="torchft's use_async_quorum: async overlaps the quorum with the forward and "
@@ -198,13 +207,31 @@ def main(argv: list[str] | None = None) -> None:
                                 world_size=per, timeout=timedelta(seconds=args.timeout))
 
     torch.manual_seed(1234)  # the same initial weights everywhere (so init_sync is not needed)
-    net = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(),
-                              torch.nn.Linear(args.hidden, 1))
-    inner_opt = torch.optim.AdamW(net.parameters(), lr=0.01)
     n_samples = args.steps * world * args.batch
-    data_gen = torch.Generator().manual_seed(4321)
-    inputs = torch.randn(n_samples, 16, generator=data_gen)
-    targets = inputs.sum(dim=1, keepdim=True)
+    if args.model == "gpt":
+        from pytest_reshard.fixtures import lm
+
+        size = lm.SIZES["tiny"]
+        net = lm.GPT(size)
+        inner_opt = torch.optim.AdamW(net.parameters(), lr=lm.LMConfig.lr, betas=(0.9, 0.95),
+                                      weight_decay=lm.LMConfig.weight_decay)
+
+        def loss_of(ids: list[int]) -> torch.Tensor:
+            tokens = torch.tensor([lm.sample_tokens(0, i, size.seq_len + 1, size.vocab)
+                                   for i in ids])
+            logits = model(tokens[:, :-1])
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     tokens[:, 1:].reshape(-1))
+    else:
+        net = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.ReLU(),
+                                  torch.nn.Linear(args.hidden, 1))
+        inner_opt = torch.optim.AdamW(net.parameters(), lr=0.01)
+        data_gen = torch.Generator().manual_seed(4321)
+        inputs = torch.randn(n_samples, 16, generator=data_gen)
+        targets = inputs.sum(dim=1, keepdim=True)
+
+        def loss_of(ids: list[int]) -> torch.Tensor:
+            return torch.nn.functional.mse_loss(model(inputs[ids]), targets[ids])
 
     holder: dict = {}  # the Manager, once built (the callbacks need its step); "before": the
     # step this rank held when it asked for the quorum (a heal's fault point is at that step)
@@ -331,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         s.record(samples=ids, quorum=manager._quorum_id, participants=manager.num_participants(),
                  replica_group=group)
         s.point("forward")
-        loss = torch.nn.functional.mse_loss(model(inputs[ids]), targets[ids])
+        loss = loss_of(ids)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         s.point("backward")
