@@ -203,6 +203,8 @@ class Attempt:
     samples: tuple[tuple[int, int], ...] = ()
     quorum: Any = None           # the membership epoch the workload recorded (``quorum=``)
     participants: int | None = None  # replica groups in that quorum (``participants=``)
+    participating: bool | None = None  # False: its gradient was zeroed (a group still healing)
+    phase: str = "begin"         # the last fault point it reached
 
     @property
     def ended(self) -> bool:
@@ -527,11 +529,11 @@ class History:
 
     def samples(self, gen: int, step: int) -> dict[int, list[tuple[int, int]]]:
         """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order
-        (membership mode: in its attempts that ended)."""
+        (membership mode: in its attempts that ended and whose gradient counted)."""
         out: dict[int, list[tuple[int, int]]] = {}
         if self.replica_groups is not None:
-            for a in self.attempts(gen):
-                if a.step == step and a.ended and a.samples:
+            for a in self.attempts(gen):  # a zeroed gradient trained nothing: not consumed
+                if a.step == step and a.ended and a.samples and a.participating is not False:
                     out.setdefault(a.rank, []).extend(a.samples)
             return out
         for e in self._ix.records.get((gen, step), ()):
@@ -580,7 +582,8 @@ class History:
                 open_[key] = {"gen": key[0], "rank": key[1], "incarnation": incarnation.get(key, 0),
                               "step": int(e["step"]), "begin_index": i, "end_index": None,
                               "start_index": started.get(key, -1),
-                              "samples": [], "quorum": None, "participants": None}
+                              "samples": [], "quorum": None, "participants": None,
+                              "participating": None, "phase": "begin"}
             elif key in open_ and e.get("step") == open_[key]["step"]:
                 a = open_[key]
                 if ev == Ev.RECORD:
@@ -590,6 +593,10 @@ class History:
                         a["quorum"] = e["quorum"]
                     if e.get("participants") is not None:
                         a["participants"] = int(e["participants"])
+                    if e.get("participating") is not None:
+                        a["participating"] = bool(e["participating"])
+                elif ev == Ev.POINT:
+                    a["phase"] = str(e.get("phase"))
                 elif ev == Ev.END:
                     a["end_index"] = i
                     done.append(open_.pop(key))
@@ -632,6 +639,19 @@ class History:
                 out.append(Replay(a.gen, a.rank, a.incarnation, a.step, first.get(a.step, -1)))
             ended.add(key)
         return out
+
+    def split_commits(self, gen: int) -> dict[int, dict[str, set[int]]]:
+        """Steps that replica groups committed in different quorums (a split brain: each side
+        went on with its own state): step -> quorum (as recorded) -> the groups; membership
+        mode only, and only where the workload recorded its quorum (``quorum=``)."""
+        if self.replica_groups is None:
+            return {}
+        per = self.replica_groups[1]
+        by: dict[int, dict[str, set[int]]] = {}
+        for a in self.attempts(gen):
+            if a.ended and a.quorum is not None:
+                by.setdefault(a.step, {}).setdefault(str(a.quorum), set()).add(a.rank // per)
+        return {step: quorums for step, quorums in sorted(by.items()) if len(quorums) > 1}
 
     def reduced_steps(self, gen: int) -> frozenset[int]:
         """Committed steps some group ended in a quorum of fewer than all replica groups

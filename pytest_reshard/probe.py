@@ -458,6 +458,7 @@ class Run:
         new = attach(max_rewind_steps=max_rewind_steps, role=role)
         if self._sigterm_handled:
             new.stop_requested()
+        new._stop = new._stop or self._stop  # a SIGTERM that landed during the handover
         return new
 
     def note(self, what: str, **fields: Any) -> None:

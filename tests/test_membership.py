@@ -122,3 +122,56 @@ def test_liveness_counts_steps_after_a_sigterm_in_that_process_only():
     stayed = run(restarted=False)
     assert stayed.status == "fail" and "rank 1 kept training 4 steps after SIGTERM" in \
         stayed.message, stayed.message
+
+
+def test_no_rewind_fails_two_quorums_committing_the_same_steps():
+    """A split brain: each group formed a quorum of its own and committed the same steps."""
+    b = membership_run(steps=STEPS)
+    for e in b.events:
+        if e["ev"] == "record" and "quorum" in e and e["rank"] == 1 and e["step"] >= 8:
+            e["quorum"] = 9
+    h = b.history()
+    assert set(h.split_commits(0)) == set(range(8, STEPS))
+    bad = no_rewind(h)
+    assert bad.status == "fail", bad.message
+    assert "step 8 was committed by group 0 in quorum 1 and group 1 in quorum 9 (4 steps in " \
+           "all: 8..11)" in bad.message, bad.message
+    assert no_rewind(membership_run(steps=STEPS).history()).status == "pass"
+
+
+def test_a_zeroed_gradient_does_not_count_as_consumed():
+    """--quorum async: a healing group trains a step with its gradient zeroed."""
+    ref = clean_run(steps=STEPS)
+    b = membership_run(steps=STEPS)
+    for e in b.events:
+        if e["ev"] == "record" and "quorum" in e and e["rank"] == 1 and e["step"] == 4:
+            e["participating"] = False
+    lost = exactly_once_samples(b.history(), reference=ref)
+    assert lost.status == "fail", lost.message
+    assert "2 samples the reference consumed by step 11 were never consumed" in lost.message
+
+
+def test_samples_of_a_group_killed_after_its_backward_are_unknown_not_lost():
+    """Killed at its optimizer point: its gradient was in the all-reduce that group 0's
+    committed update of step 4 used, so its samples may well have been trained."""
+    ref = clean_run(steps=STEPS)
+
+    def run(phase: str):
+        b = membership_run(steps=STEPS, kill_at=4, heal_at=5)
+        out = []
+        for e in b.events:
+            if e["ev"] == "record" and e.get("step") == 4 and e["rank"] == 0 and "quorum" in e:
+                e.update(quorum=1, participants=2)  # group 0 committed step 4 in the full quorum
+            if e["ev"] == "fault" and e["rank"] == 1:
+                out.append({"ev": "point", "t": e["t"] - 0.001, "gen": 0, "rank": 1, "step": 4,
+                            "phase": phase})
+            out.append(e)
+        b.events = out
+        return exactly_once_samples(b.history(), reference=ref)
+
+    after = run("optimizer")
+    assert after.status == "unknown", after.message
+    assert "died after its backward (first: sample 17, step 4 on rank 1 (generation 0), which " \
+           "died at its optimizer point)" in after.message, after.message
+    before = run("backward")   # its gradient never left: the samples are lost
+    assert before.status == "fail", before.message

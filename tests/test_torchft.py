@@ -154,3 +154,17 @@ def test_kill_one_group_of_several_layouts_heals(reshard_run, torchft_train, wor
     for name in ("no_rewind", "state_equivalence", "liveness"):
         assert v[name].status == "pass", f"{name}: {v[name].message}"
     _judged_honestly(result)
+
+
+def test_a_group_still_down_when_the_others_finish_is_not_restarted(reshard_run, torchft_train):
+    """Group 1 is due back after 30 s; group 0 finishes the run alone long before: the pending
+    restart is dropped (recorded), the run is complete, and group 1's share is lost."""
+    result = reshard_run(torchft_train, args=ARGS, member_restart_delay_s=30.0, faults=[KILL])
+    h, v = result.history, result.verdicts
+    [dropped] = [e for e in h.supervisor_events("member") if e["action"] == "dropped"]
+    assert dropped["group"] == 1 and "finished the run" in dropped["detail"]
+    assert [g.cause for g in h.generations.values()] == ["complete"]
+    samples = v["exactly_once_samples"]
+    assert samples.status == "fail" and "quorum of fewer replica groups" in samples.message, samples
+    for name in ("no_rewind", "state_equivalence"):
+        assert v[name].status == "pass", f"{name}: {v[name].message}"

@@ -149,6 +149,15 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         if len(ref) > len(uses.get(k, ())):
             expected[k] = min(unmatched) if unmatched else ref[-1][0].step
     lost = sorted(expected, key=lambda k: (expected[k], k))
+    unsure = _maybe_trained(history)
+    if lost and unsure and all((k[1], k[2]) in unsure for k in lost):
+        return Verdict.unknown(
+            check, f"{len(lost)} samples the reference consumed were not consumed by an attempt "
+            f"that ended, but every one of them was drawn by an attempt that died after its "
+            f"backward (first: sample {lost[0][2]}, {unsure[(lost[0][1], lost[0][2])]}): its "
+            "gradient may have reached the quorum's update, so whether they were trained cannot "
+            "be told from the history", details={**details, "lost": len(lost)}, replay=replay)
+    lost = [k for k in lost if (k[1], k[2]) not in unsure]
     details["lost"] = len(lost)
     details["not_in_reference"] = len(set(uses) - set(ref_uses))  # a data-order change, not a loss
     if lost:
@@ -188,6 +197,24 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                               details=details, replay=replay)
     return _coverage(history, check, f"{once}, none of the reference's lost", last, reference,
                      details, replay)
+
+
+def _maybe_trained(history: History) -> dict[tuple[int, int], str]:
+    """Membership mode: (epoch, sample) -> where, for the samples of attempts that never ended
+    but got past their backward (the all-reduce may have carried their gradient into the
+    quorum's committed update of that step)."""
+    if history.replica_groups is None:
+        return {}
+    out = {}
+    for g in history.generations:
+        committed = history.committed(g)
+        for a in history.attempts(g):
+            if not a.ended and a.step in committed and \
+                    a.phase not in ("begin", "forward", "backward"):
+                for pair in a.samples:
+                    out[pair] = (f"step {a.step} on rank {a.rank} (generation {g}), which died "
+                                 f"at its {a.phase} point")
+    return out
 
 
 def _coverage(history: History, check: str, summary: str, last: int, reference: History | None,

@@ -120,6 +120,18 @@ def _membership(history: History, problems: list[dict[str, Any]]) -> list[dict[s
     out = []
     for g in sorted(history.generations):
         restarts, replays = history.member_restarts(g), history.replays(g)
+        split = history.split_commits(g)
+        if split:
+            step, quorums = next(iter(split.items()))
+            sides = " and ".join(f"group{'s' if len(gs) > 1 else ''} "
+                                 f"{', '.join(map(str, sorted(gs)))} in quorum {q}"
+                                 for q, gs in sorted(quorums.items()))
+            problems.append({
+                "message": f"generation {g}: step {step} was committed by {sides} "
+                           f"({_count(len(split), 'step')} in all: {_ranges(sorted(split))}): "
+                           "two quorums committed the same steps, each with its own state (a "
+                           "split brain); a quorum must need a majority of the replica groups",
+                "step": step, "generation": g, "fault": _fault_before(history, g)})
         if not restarts and not replays:
             continue
         budget = history.max_rewind_steps(g)

@@ -84,7 +84,8 @@ def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, in
             rec.index = c.index
         rec.per_rank |= _per_rank(c)
         rec.at_restore |= str(c.info.get("digest_at", "")).startswith("restore")
-        rec.source = rec.source or str(c.info.get("source") or "")
+        source = str(c.info.get("source") or "")
+        rec.source = (rec.source or source) if earliest else (source or rec.source)
         if not c.digest and not c.expected:
             continue
         late = began_before(c)
@@ -151,8 +152,13 @@ def state_equivalence(history: History) -> Verdict:
     def before(load: _Record) -> dict[tuple[int, int, int], _Record]:
         """The saves a load may have read: of an earlier generation, or in membership mode
         (a heal from a live peer) of the same generation, recorded before the load."""
-        return {k: s for k, s in saves.items() if k[2] == load.step and (
+        pool = {k: s for k, s in saves.items() if k[2] == load.step and (
             k[0] < load.gen or (member and k[0] == load.gen and s.index < load.index))}
+        donors = {k: s for k, s in pool.items() if k[0] == load.gen and "donor" in s.source}
+        if "heal" in load.source and donors:  # the peer that sent it: the last donor before
+            k = max(donors, key=lambda k: donors[k].index)
+            return {k: donors[k]}
+        return pool
 
     member = history.replica_groups is not None
     for (gen, rank, step), load in sorted(loads.items()):

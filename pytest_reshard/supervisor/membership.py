@@ -208,10 +208,21 @@ class Membership:
         for g, (due, specs) in list(self.pending.items()):
             if now >= due:
                 del self.pending[g]
+                for s in specs:  # the dead process's last beat is not the new one's
+                    self.dir.heartbeat(self.gen, s.rank).unlink(missing_ok=True)
                 live.adopt(self.launcher.launch(specs), [s.rank for s in specs])
                 for s in specs:
                     watch.reported.discard(s.rank)
                     watch.stopped_since.pop(s.rank, None)
+
+    def drop_pending(self, why: str) -> list[int]:
+        """The run is over while groups are down: they are not started again. Their ranks."""
+        ranks = sorted(r for _, specs in self.pending.values() for r in (s.rank for s in specs))
+        for g in sorted(self.pending):
+            self.record(Ev.MEMBER, action="dropped", gen=self.gen, group=g, ranks=self._ranks(g),
+                        detail=why)
+        self.pending.clear()
+        return ranks
 
     def _ranks(self, g: int) -> list[int]:
         return list(range(g * self.per, (g + 1) * self.per))
@@ -248,6 +259,8 @@ class Membership:
         self.restarts[g] = self.restarts.get(g, 0) + 1
         self.incarnation += 1
         incarnation = f"{self.gen}.{self.incarnation}"
+        watch.tail.poll(self.gen)  # what the group fired before it died: not to be fired again
+        watch.take_events()
         self._replan(watch.fired)
         specs = []
         for r in ranks:

@@ -67,6 +67,7 @@ class Supervisor:
         self._live: LiveGeneration | None = None
         #: A live reshard's next generation: its processes, its store, its gen_start record.
         self._next: tuple[LiveGeneration, Any, dict[str, Any]] | None = None
+        self._unformed: dict[str, Any] | None = None  # the gen_start of a next world that failed
         # replica_groups: a death restarts only its group (supervisor/membership.py)
         self.members = Membership.of(scenario, self.dir, self.record, self.launcher)
 
@@ -104,6 +105,12 @@ class Supervisor:
                             **({"live": True} if outcome.live else {}))
                 self._progress(f"generation {gen} (world size {world_size}): {outcome.cause.value}"
                                + (f" - {outcome.detail}" if outcome.detail else ""))
+                if self._unformed is not None:  # recorded after the generation it came from
+                    started, self._unformed = self._unformed, None
+                    detail = started.pop("detail")
+                    self.record(Ev.GEN_START, **started)
+                    self.record(Ev.GEN_END, gen=started["gen"], cause=Cause.FAILURE.value,
+                                planned=False, fault_id=None, detail=detail)
                 world_size = outcome.next_world_size
                 gen += 1
             for i, fault in enumerate(sc.schedule.faults):
@@ -113,18 +120,20 @@ class Supervisor:
             self.close()
 
     def close(self) -> None:
-        if self._next is not None:
-            self._next[0].kill()
-            self._next = None
-        if self._live is not None:
-            self._live.kill()
-            self._live = None
-        if self._own_launcher:
-            self.launcher.close()
-        if self.members is not None:
-            self.members.close()
-        if not self._sup.closed:
-            self._sup.close()
+        try:
+            if self._next is not None:
+                self._next[0].kill()
+                self._next = None
+            if self._live is not None:
+                self._live.kill()
+                self._live = None
+            if self._own_launcher:
+                self.launcher.close()
+        finally:
+            if self.members is not None:
+                self.members.close()  # its Lighthouse, whatever failed before
+            if not self._sup.closed:
+                self._sup.close()
 
     def _note(self, what: str, fields: dict[str, Any]) -> None:
         """A launcher's note for the record (the elastic launcher's network, for one)."""
@@ -221,10 +230,9 @@ class Supervisor:
                     live, _, started = self._next
                     self._next = None
                     live.kill()
-                    self.record(Ev.GEN_START, **started)
-                    self.record(Ev.GEN_END, gen=gen + 1, cause=Cause.FAILURE.value, planned=False,
-                                fault_id=None, detail="never formed: the live reshard from "
-                                f"generation {gen} failed ({outcome.detail if outcome else 'an error'})")
+                    self._unformed = {**started, "t": None, "detail": "never formed: the live "
+                                      f"reshard from generation {gen} failed "
+                                      f"({outcome.detail if outcome else 'an error'})"}
                 self._live.kill()
                 self._live = None
                 if sc.files:  # what the next generation will find: every rank is gone now
@@ -250,6 +258,11 @@ class Supervisor:
         if problem is None and not getattr(self.launcher, "live_reshard", False):
             problem = (f"launcher {self.scenario.launcher!r} does not keep ranks across "
                        "generations; use launcher fork or local")
+        if problem is None and self.members is not None:
+            problem = "a live reshard in membership mode (replica_groups) is not supported"
+        if problem is None and self.scenario.files:
+            problem = ("file events are recorded per generation and process (files=True): a "
+                       "process going on into the next generation cannot be judged file by file")
         if outcome is None or problem is not None:
             _write_json(self.dir.live(gen), {"error": problem})
             return Outcome(Cause.FAILURE, fault_id=outcome.fault_id if outcome else None,

@@ -118,6 +118,7 @@ class Watch:
         self.live_asks: dict[int, int] = {}  # rank -> the step it asked to reshard in place after
         self.handover: Outcome | None = None  # how it ends once the ranks asked to go live
         self.members = members
+        self.down_at_end: list[int] = []  # membership: ranks whose group was down at the end
 
     def _detect(self, kind: Detected, rank: int, *, expected: bool, code: int | None = None,
                 since: float | None = None) -> str:
@@ -172,6 +173,10 @@ class Watch:
         if events and self.on_status is not None:
             self._status(events)
 
+    def take_events(self) -> None:
+        """Act on the events the tail read since the last call."""
+        self._on_events(self.tail.take())
+
     def _on_live(self, ev: dict) -> None:
         """A rank asks to do the planned reshard in place; once all have, the supervisor answers."""
         self.live_asks[ev["rank"]] = ev["step"]
@@ -181,14 +186,17 @@ class Watch:
         problem = None
         if self.planned is None:
             problem = "no planned reshard is pending in this generation"
-        elif self.planned["kind"] == Cause.DRAIN.value or \
-                kinds.get(self.planned["kind"]).cause is not Cause.RESHARD:
+        elif self.planned["kind"] == Cause.DRAIN.value:
+            problem = "a drain the workload asked for (run.request_reshard): save and exit for it"
+        elif kinds.get(self.planned["kind"]).cause is not Cause.RESHARD:
             problem = (f"{self.planned['kind']} is not a planned reshard (shift_shards, drain): "
                        "save and exit for it")
         elif len(steps) > 1:
             problem = f"the ranks asked after different steps (rank: step): {self.live_asks}"
         self.handover = self.on_live(None if problem else self._planned_outcome(), steps[0],
                                      problem)
+        if not self.handover.live and self.planned is not None:
+            self.handover.fault_id = self.planned.get("id")
         self.on_live = None  # answered once
         if not self.handover.live:
             self.plan_deadline = None  # the refusal, not the notice, ends this generation
@@ -246,14 +254,21 @@ class Watch:
     def _member_died(self, rank: int, code: int, normal: bool) -> bool:
         """Membership mode: restart the rank's replica group alone (the others train on); False
         when its restart budget is spent, and the death then ends the generation."""
-        if self.members.down(rank):
-            self.reported.add(rank)
+        if self.members.down(rank) or self.live.exit_codes().get(rank) is None:
+            self.reported.add(rank)  # down already, or restarted in this poll (a stale code)
             return True
-        if not self.members.may_restart(rank):
-            return False
+        group = self.members.group_of(rank)
         if rank // self.members.per in self.members.preempted:  # planned: no detection
+            codes = self.live.exit_codes()
+            if any(codes.get(r) is None for r in group):
+                self.reported.add(rank)  # its peers still use their grace: restart them together
+                return True
+            if not self.members.may_restart(rank):
+                return False
             detail = f"rank {rank} ended by its group's preemption (exit code {code})"
         else:
+            if not self.members.may_restart(rank):
+                return False
             kind = Detected.EXITED_EARLY if normal else Detected.DIED
             fault = self._fault_for(rank, kinds.Ending.DEATH)
             detail = self._detect(kind, rank, expected=fault is not None, code=code,
@@ -299,7 +314,7 @@ class Watch:
         while True:
             codes = live.exit_codes()  # first: a rank writes all its events before it exits
             self.tail.poll(gen)
-            self._on_events(self.tail.take())
+            self.take_events()
             if self.members is not None:
                 self.members.poll(self)
                 codes = live.exit_codes()  # a group started again runs now
@@ -312,7 +327,13 @@ class Watch:
                     self._on_exit(rank, codes[rank], codes, now)
             self._watch_memory(live, codes)
             if all(c is not None for c in codes.values()):
-                return self._classify(codes)
+                if self.members is None or not self.members.pending:
+                    return self._classify(codes)
+                if self._finished({r: c for r, c in codes.items() if not self.members.down(r)}):
+                    self.down_at_end = self.members.drop_pending(
+                        "the other groups finished the run while this one was down")
+                    return self._classify(codes)
+                # every group is down: the restart delay runs, then poll starts them
             if self.failure and now - self.failure.at > sc.failure_grace_s:
                 return self._classify(codes)
             if self.handover is not None and self.handover.live and self.failure is None and \
@@ -435,7 +456,7 @@ class Watch:
         if self.planned is not None:
             return self._planned_outcome()
         # Everybody exited 0 with nothing planned: finished, or a silent early exit.
-        last = {r: self._last_end(r) for r in codes}
+        last = {r: self._last_end(r) for r in codes if r not in self.down_at_end}
         short = sorted(r for r, s in last.items() if s is None or s < sc.steps - 1)
         if short:
             rank = short[0]

@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--groups {args.groups} does not divide WORLD_SIZE={world}")
     per = world // args.groups
     group, group_rank = rank // per, rank % per
-    run = probe.attach(max_rewind_steps=args.ckpt_every, role=f"group{group}")
+    # One role for every group: a sample two groups trained is a duplicate (each attempt
+    # records its replica_group for the membership checks).
+    run = probe.attach(max_rewind_steps=args.ckpt_every)
     run.stop_requested()  # SIGTERM sets a flag from here on
 
     # Imported after attach: torchft's import takes seconds on 2 cores, and a rank that dies in
@@ -363,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(args.step_sleep)
         s.point("backward")
         loss.backward()  # torchft's DDP hook: manager.allreduce across the quorum's groups
+        # A group still healing (--quorum async) trains the step with its gradient zeroed:
+        # its batch counts as consumed but teaches nothing; say so for the sample check.
+        s.record(participating=manager.is_participating())
         group_loss = loss.detach().clone()
         if per > 1:
             for p in net.parameters():
