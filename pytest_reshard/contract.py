@@ -75,7 +75,7 @@ class Ev:
     ABORT = "abort"            # the supervisor gave up: detail
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
-    MEMBER = "member"          # membership mode (supervisor/membership.py): action "lighthouse" (address, settings), "restart" (gen, group, ranks, incarnation, cause, codes) or "exhausted"
+    MEMBER = "member"          # membership mode (supervisor/membership.py): action "groups", "lighthouse" (address, settings), "restart" (gen, group, ranks, incarnation, cause, codes, delay_s), "preempt", "grace_expired", "dropped" or "exhausted"
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation (job, nodes), each step (gen, name, nodes)
 
 
