@@ -195,11 +195,11 @@ class Watch:
             problem = f"the ranks asked after different steps (rank: step): {self.live_asks}"
         self.handover = self.on_live(None if problem else self._planned_outcome(), steps[0],
                                      problem)
-        if not self.handover.live and self.planned is not None:
-            self.handover.fault_id = self.planned.get("id")
         self.on_live = None  # answered once
-        if not self.handover.live:
-            self.plan_deadline = None  # the refusal, not the notice, ends this generation
+        if not self.handover.live:  # the refusal, not the notice, ends this generation
+            self.plan_deadline = None
+            if self.planned is not None:
+                self.handover.fault_id = self.planned.get("id")
 
     def _status(self, events: list[dict]) -> None:
         begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
