@@ -608,15 +608,18 @@ class History:
 
     def _first_commits(self, gen: int) -> dict[int, int]:
         """step -> when (event index) it was first committed in membership generation ``gen``:
-        the earliest moment every rank of some replica group had ended an attempt of it."""
+        the earliest moment every rank of one incarnation of some replica group (its ranks are
+        restarted together) had ended an attempt of it."""
         assert self.replica_groups is not None
         groups, per = self.replica_groups
-        ends: dict[tuple[int, int], dict[int, int]] = {}   # (step, group) -> rank -> first end
+        # (step, group, incarnation) -> rank -> its first end
+        ends: dict[tuple[int, int, int], dict[int, int]] = {}
         for a in self.attempts(gen):
             if a.end_index is not None:
-                ends.setdefault((a.step, a.rank // per), {}).setdefault(a.rank, a.end_index)
+                ends.setdefault((a.step, a.rank // per, a.incarnation), {}).setdefault(
+                    a.rank, a.end_index)
         out: dict[int, int] = {}
-        for (step, g), by_rank in ends.items():
+        for (step, _, _), by_rank in ends.items():
             if len(by_rank) == per:
                 at = max(by_rank.values())
                 out[step] = min(out.get(step, at), at)

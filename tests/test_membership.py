@@ -175,3 +175,24 @@ def test_samples_of_a_group_killed_after_its_backward_are_unknown_not_lost():
            "died at its optimizer point)" in after.message, after.message
     before = run("backward")   # its gradient never left: the samples are lost
     assert before.status == "fail", before.message
+
+
+def test_a_step_is_committed_by_one_incarnation_of_a_group_not_a_mix():
+    """Group 1 (ranks 2, 3): rank 2 ended step 3 before the group was restarted, rank 3 only in
+    the next incarnation; no incarnation of the group ended it on every rank."""
+    b = Builder(steps=4, world_size=4)
+    b.sup("member", action="groups", groups=2, per=2, member_restarts=3)
+    b.sup("gen_start", gen=0, world_size=4, roles=["trainer"] * 4, launcher="fork")
+    for r in range(4):
+        b.rank(0, r, "start", world_size=4, role="trainer", pid=100 + r)
+    for r in (2, 3):
+        b.rank(0, r, "begin", step=3)
+    b.rank(0, 2, "end", step=3)
+    for r in (2, 3):
+        b.rank(0, r, "start", world_size=4, role="trainer", pid=200 + r)
+    b.rank(0, 3, "begin", step=3)
+    b.rank(0, 3, "end", step=3)
+    assert 3 not in b.history().committed(0)
+    b.rank(0, 2, "begin", step=3)
+    b.rank(0, 2, "end", step=3)
+    assert 3 in b.history().committed(0)
