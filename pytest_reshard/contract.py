@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +196,14 @@ class Torn:
     file: str
     line: int
     text: str
+
+
+def write_json(path: Path, data: Any, *, indent: int | None = None) -> None:
+    """Replace ``path`` with ``data`` all at once: a process reading it meanwhile (a rank
+    attaching, another process's write) sees the old content or the new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent))
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:

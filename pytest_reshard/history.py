@@ -261,6 +261,7 @@ class History:
         self.replica_groups: tuple[int, int] | None = \
             (int(groups[0]["groups"]), int(groups[0]["per"])) if groups else None
         self._attempts: list[Attempt] | None = None
+        self._by_step: dict[tuple[int, int], list[Attempt]] | None = None
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -532,8 +533,8 @@ class History:
         (membership mode: in its attempts that ended and whose gradient counted)."""
         out: dict[int, list[tuple[int, int]]] = {}
         if self.replica_groups is not None:
-            for a in self.attempts(gen):  # a zeroed gradient trained nothing: not consumed
-                if a.step == step and a.ended and a.samples and a.participating is not False:
+            for a in self._attempts_of(gen, step):  # a zeroed gradient trained nothing
+                if a.ended and a.samples and a.participating is not False:
                     out.setdefault(a.rank, []).extend(a.samples)
             return out
         for e in self._ix.records.get((gen, step), ()):
@@ -563,6 +564,13 @@ class History:
             self._attempts = self._build_attempts()
         return [a for a in self._attempts if (gen is None or a.gen == gen)
                 and (rank is None or a.rank == rank)]
+
+    def _attempts_of(self, gen: int, step: int) -> list[Attempt]:
+        if self._by_step is None:
+            self._by_step = {}
+            for a in self.attempts():
+                self._by_step.setdefault((a.gen, a.step), []).append(a)
+        return self._by_step.get((gen, step), [])
 
     def _build_attempts(self) -> list[Attempt]:
         incarnation: dict[tuple[int, int], int] = {}
@@ -656,11 +664,14 @@ class History:
                 by.setdefault(a.step, {}).setdefault(str(a.quorum), set()).add(a.rank // per)
         return {step: quorums for step, quorums in sorted(by.items()) if len(quorums) > 1}
 
-    def reduced_steps(self, gen: int) -> frozenset[int]:
-        """Committed steps some group ended in a quorum of fewer than all replica groups
-        (``participants=`` recorded below the group count): a clean run never trains those."""
+    def reduced_steps(self, gen: int | None = None) -> frozenset[int]:
+        """Committed steps (of ``gen``, else of any generation) some group ended in a quorum of
+        fewer than all replica groups (``participants=`` recorded below the group count): a
+        clean run never trains those."""
         if self.replica_groups is None:
             return frozenset()
+        if gen is None:
+            return frozenset().union(*(self.reduced_steps(g) for g in self.generations))
         groups = self.replica_groups[0]
         committed = self.committed(gen)
         return frozenset(a.step for a in self.attempts(gen) if a.ended and a.step in committed

@@ -84,7 +84,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pytest_reshard.contract import Env
+from pytest_reshard.contract import Env, write_json
 
 __all__ = [
     "HealthSnapshot", "HealthError", "DeviceHealth", "inject_ecc", "injected_path", "changes",
@@ -242,9 +242,7 @@ def inject_ecc(run: Any, kind: str = "dbe", xid: int | None = None) -> HealthSna
     if xid is not None:
         data["xid_events"].append(int(xid))
     data["injections"].append({"t": time.time(), "kind": kind, "xid": xid})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_json(path, data)
     return _parse(data)
 
 

@@ -175,7 +175,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         advice = ("restore the data position saved with the checkpoint"
                   + (", and give a lost rank's share to the survivors" if len(
                       {k[0] for k in ref_uses}) > 1 else ""))
-        reduced = sorted({s for g in history.generations for s in history.reduced_steps(g)})
+        reduced = sorted(history.reduced_steps())
         if reduced and expected[lost[0]] in reduced:
             # membership mode: a group was down and the quorum trained on without its share
             fate = (f"; steps {_ranges(reduced)} were committed by a quorum of fewer replica "

@@ -215,7 +215,7 @@ def loss_continuity(history: History, *, references: Iterable[History] | Mapping
     bit (default: measured from generation 0 before its first fault, else True on gloo)."""
     verdict = _judge(history, references=references, reference=reference,
                      deterministic=deterministic)
-    reduced = sorted({s for g in history.generations for s in history.reduced_steps(g)})
+    reduced = sorted(history.reduced_steps())
     if not reduced or verdict.status == "unknown" or \
             (verdict.status == "fail" and verdict.step is not None and verdict.step < reduced[0]):
         return verdict

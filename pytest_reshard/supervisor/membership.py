@@ -27,13 +27,12 @@ the faults that already fired before each restart, so a restarted rank does not 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from pytest_reshard.contract import Ev
-from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, RankSpec
+from pytest_reshard.contract import Ev, write_json
+from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, RankSpec, wait_until
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.contract import RunDir
@@ -191,9 +190,11 @@ class Membership:
                     fault_id=fault["id"], grace_s=grace_s)
         return True
 
-    def poll(self, watch: "Watch") -> None:
+    def poll(self, watch: "Watch") -> bool:
         """Each watch poll: a preempted group past its grace is killed (as a scheduler would),
-        and a group whose restart delay is over is started again."""
+        and a group whose restart delay is over is started again (then True)."""
+        if not self.preempted and not self.pending:
+            return False
         now = time.monotonic()
         live = watch.live
         assert isinstance(live, MemberGeneration)
@@ -205,8 +206,10 @@ class Membership:
                             fault_id=fault_id)
                 for r in alive:
                     live.signal(r, signal.SIGKILL)
+        started = False
         for g, (due, specs) in list(self.pending.items()):
             if now >= due:
+                started = True
                 del self.pending[g]
                 for s in specs:  # the dead process's last beat is not the new one's
                     self.dir.heartbeat(self.gen, s.rank).unlink(missing_ok=True)
@@ -214,6 +217,7 @@ class Membership:
                 for s in specs:
                     watch.reported.discard(s.rank)
                     watch.stopped_since.pop(s.rank, None)
+        return started
 
     def drop_pending(self, why: str) -> list[int]:
         """The run is over while groups are down: they are not started again. Their ranks."""
@@ -248,14 +252,9 @@ class Membership:
         for r in ranks:
             if r != rank and live.exit_codes().get(r) is None:
                 live.signal(r, signal.SIGKILL)
-        deadline = time.monotonic() + KILL_WAIT_S
+        wait_until(lambda: all(live.exit_codes().get(r) is not None for r in ranks),
+                   KILL_WAIT_S, f"a rank of group {g} ({ranks})")
         codes = live.exit_codes()
-        while any(codes.get(r) is None for r in ranks):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"membership: ranks {ranks} of group {g} did not exit within "
-                                   f"{KILL_WAIT_S:.0f} s of SIGKILL")
-            time.sleep(0.01)
-            codes = live.exit_codes()
         self.restarts[g] = self.restarts.get(g, 0) + 1
         self.incarnation += 1
         incarnation = f"{self.gen}.{self.incarnation}"
@@ -283,9 +282,7 @@ class Membership:
         path = self.dir.plan(self.gen)
         plan = json.loads(path.read_text())
         plan["faults"] = [f for f in plan["faults"] if f["id"] not in fired]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(plan, indent=1))
-        os.replace(tmp, path)
+        write_json(path, plan, indent=1)
 
     def close(self) -> None:
         if self.lighthouse is not None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import filewatch
-from pytest_reshard.contract import Cause, Env, Ev, RunDir
+from pytest_reshard.contract import Cause, Env, Ev, RunDir, write_json
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
@@ -153,7 +153,7 @@ class Supervisor:
                            **kinds.executor_of(kinds.get(fault.kind))})
         plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
                 "device_map": self.device_map, "faults": faults, "files": sc.files}
-        self.dir.plan(gen).write_text(json.dumps(plan, indent=1))
+        write_json(self.dir.plan(gen), plan, indent=1)
 
     def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
                agent_store: bool) -> list[RankSpec]:
@@ -264,7 +264,7 @@ class Supervisor:
             problem = ("file events are recorded per generation and process (files=True): a "
                        "process going on into the next generation cannot be judged file by file")
         if outcome is None or problem is not None:
-            _write_json(self.dir.live(gen), {"error": problem})
+            write_json(self.dir.live(gen), {"error": problem})
             return Outcome(Cause.FAILURE, fault_id=outcome.fault_id if outcome else None,
                            detail=f"the ranks asked to reshard in place after step {step}, "
                                   f"which the harness refused: {problem}")
@@ -274,7 +274,7 @@ class Supervisor:
         self.device_map = outcome.device_map
         self._plan(gen + 1, world, new_roles)
         store = _store(world)
-        _write_json(self.dir.live(gen), {
+        write_json(self.dir.live(gen), {
             "gen": gen + 1, "world_size": world, "old_world_size": len(roles),
             "survivors": survivors, "master_addr": "127.0.0.1", "master_port": store.port,
             "step": step})
@@ -294,13 +294,6 @@ class Supervisor:
                            + (f", ranks {list(range(world, len(roles)))} left"
                               if world < len(roles) else ""))
         return outcome
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    """All at once: a reader never sees half of it."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
 
 
 def _store(world_size: int) -> Any:

@@ -315,8 +315,7 @@ class Watch:
             codes = live.exit_codes()  # first: a rank writes all its events before it exits
             self.tail.poll(gen)
             self.take_events()
-            if self.members is not None:
-                self.members.poll(self)
+            if self.members is not None and self.members.poll(self):
                 codes = live.exit_codes()  # a group started again runs now
             now = time.monotonic()
             # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
