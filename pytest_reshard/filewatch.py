@@ -40,11 +40,10 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+from pytest_reshard.contract import MUTATIONS
+
 __all__ = ["install", "snapshot", "MUTATIONS"]
 
-#: The ops a kill may target, in the order a save usually does them.
-MUTATIONS = ("mkdir", "open", "write", "fsync", "close", "rename", "symlink", "link", "truncate",
-             "copy", "unlink", "rmdir", "rmtree")
 
 # audit event -> (op, how many leading path arguments)
 _AUDITED = {"os.rename": ("rename", 2), "os.remove": ("unlink", 1), "os.rmdir": ("rmdir", 1),

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard.contract import Ev
-from pytest_reshard.filewatch import MUTATIONS
+from pytest_reshard.contract import MUTATIONS
 from pytest_reshard.reports.sweep import masked
 
 __all__ = ["FilePoint", "points", "save_steps", "record", "parametrize"]

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import Ev
-from pytest_reshard.filewatch import MUTATIONS
+from pytest_reshard.contract import MUTATIONS
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict
 

@@ -1,14 +1,13 @@
 """The watch loop of one generation: exits, heartbeats, progress, deadlines; it returns an Outcome."""
 from __future__ import annotations
 
-import enum
 import os
 import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.contract import Cause, Detected, Ev
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.launch import LiveGeneration
 
@@ -67,16 +66,6 @@ class Failure:
     code: int | None
     at: float
     detail: str
-
-
-class Detected(str, enum.Enum):
-    """What the supervisor noticed about a rank (``detect`` events)."""
-
-    DIED = "died"                  # exited non-zero (a signal, an exception)
-    STOPPED = "stopped"            # alive, heartbeat silent, the kernel says stopped
-    STALLED = "stalled"            # alive and beating, but no rank made progress
-    EXITED_EARLY = "exited_early"  # exit code 0 before the last step, nothing planned
-    OOM = "oom"                    # past the scenario's memory budget: killed
 
 
 def _is(ev: dict, ending: kinds.Ending) -> bool:

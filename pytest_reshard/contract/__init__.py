@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Env", "Ev", "Cause", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl"]
 
 
@@ -46,8 +46,9 @@ class Env:
     PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
 
 
-class Ev:
-    """Event names. Rank events first (written by the probe), then the supervisor's."""
+class Ev(str, enum.Enum):
+    """Event names. Rank events first (written by the probe), then the supervisor's. A str, so an
+    event read back as text compares equal to its name."""
 
     START = "start"            # attached: world_size, role, pid, max_rewind_steps
     RESUMED = "resumed"        # the first step this generation runs: step, source, max_rewind_steps
@@ -78,6 +79,66 @@ class Ev:
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
     MEMBER = "member"          # membership mode (supervisor/membership.py): action "groups", "lighthouse" (address, settings), "restart" (gen, group, ranks, incarnation, cause, codes, delay_s), "preempt", "grace_expired", "dropped" or "exhausted"
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation (job, nodes), each step (gen, name, nodes)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Detected(str, enum.Enum):
+    """What the supervisor noticed about a rank (``detect``'s ``kind``)."""
+
+    DIED = "died"                  # exited non-zero (a signal, an exception)
+    STOPPED = "stopped"            # alive, heartbeat silent, the kernel says stopped
+    STALLED = "stalled"            # alive and beating, but no rank made progress
+    EXITED_EARLY = "exited_early"  # exit code 0 before the last step, nothing planned
+    OOM = "oom"                    # past the scenario's memory budget: killed
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class MemberAction(str, enum.Enum):
+    """What a ``member`` event records (membership mode, ``supervisor/membership.py``)."""
+
+    GROUPS = "groups"                # the replica groups: groups, per
+    LIGHTHOUSE = "lighthouse"        # the Lighthouse the supervisor hosts: address, settings
+    RESTART = "restart"              # a group restarted: gen, group, ranks, incarnation, cause, codes, delay_s
+    PREEMPT = "preempt"              # a preemption of some groups: gen, groups, grace_s
+    GRACE_EXPIRED = "grace_expired"  # a preempted group outlived its grace: killed
+    DROPPED = "dropped"              # a restart still pending when the others finished
+    EXHAUSTED = "exhausted"          # the restart budget is spent: the death ends the generation
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FileOp(str, enum.Enum):
+    """A ``file`` event's ``op`` (``filewatch``): what the rank did to a file under the work folder."""
+
+    MKDIR = "mkdir"
+    OPEN = "open"
+    WRITE = "write"
+    FSYNC = "fsync"
+    CLOSE = "close"
+    RENAME = "rename"
+    SYMLINK = "symlink"
+    LINK = "link"
+    TRUNCATE = "truncate"
+    COPY = "copy"
+    UNLINK = "unlink"
+    RMDIR = "rmdir"
+    RMTREE = "rmtree"
+    READ = "read"      # a read of a file a save wrote (the load side)
+    FLIP = "flip"      # a bit the harness flipped (``kill_at_file_event(mode="flip")``)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The file ops a kill may target, in the order a save usually does them.
+MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE, FileOp.RENAME,
+             FileOp.SYMLINK, FileOp.LINK, FileOp.TRUNCATE, FileOp.COPY, FileOp.UNLINK,
+             FileOp.RMDIR, FileOp.RMTREE)
 
 
 class Cause(str, enum.Enum):
