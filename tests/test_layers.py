@@ -87,3 +87,71 @@ def test_the_probe_imports_only_the_standard_library_and_the_contract(module):
                      if t.split(".")[0] not in stdlib and t not in ours
                      and not t.startswith(tuple(o + "." for o in ours)))
     assert not foreign, f"the probe imports {foreign}; a training script must not pull them in"
+
+
+def import_graph(*, include_type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports, function-level imports included (they run too).
+    An import of a package's own ancestor is not an edge: the child is part of it."""
+    paths = dict(modules())
+
+    def resolve(target: str) -> str | None:
+        while target and target not in paths:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    graph = {}
+    for name, path in paths.items():
+        found = {resolve(t) for _, t in imports(path) if t.startswith("pytest_reshard")}
+        graph[name] = {t for t in found if t and t != name and not name.startswith(t + ".")}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles():
+    """Two modules that import each other (at the top or inside a function) are one module split
+    in two: a reader cannot understand either alone, and the import order decides what works."""
+    graph = import_graph()
+    found = cycles(graph)
+    described = ["\n  ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) for c in found]
+    assert not found, "import cycles:\n  " + "\n\n  ".join(described)
