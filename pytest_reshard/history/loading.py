@@ -1,0 +1,77 @@
+"""Reading a run folder's event files into one ordered list of raw events, checked line by line."""
+from __future__ import annotations
+
+from pathlib import Path
+from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Ev, RunDir, Torn,
+                                     read_jsonl)
+from pytest_reshard.history.records import Event
+
+__all__ = ["HistoryError", "load_events", "validate", "is_supervisor"]
+
+
+class HistoryError(ValueError):
+    """The recorded events cannot be read; the message names the file, line and what to do."""
+
+
+def load_events(run_dir: str | Path) -> tuple[list[Event], list[Torn], Path]:
+    """The events of ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``) ordered by time, the
+    torn last lines, and the run folder."""
+    root = RunDir(Path(run_dir))
+    events_dir = root.events if root.events.is_dir() else root.root
+    supervisor_file = root.supervisor_events.name
+    if not events_dir.is_dir():
+        raise HistoryError(f"{root.root}: no such run directory; pass the folder the run wrote")
+    files = sorted(p for p in events_dir.glob("*.jsonl")
+                   if p.name == supervisor_file or RANK_FILE.fullmatch(p.name))
+    if not files:
+        raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {supervisor_file}); "
+                           "did the run start any rank?")
+    events: list[Event] = []
+    torn: list[Torn] = []
+    for path in files:
+        try:
+            file_events, file_torn = read_jsonl(path)
+        except ValueError as e:
+            raise HistoryError(str(e)) from None
+        m = RANK_FILE.fullmatch(path.name)
+        for lineno, e in file_events:
+            validate(e, f"{path}:{lineno}")
+            if m:   # a rank file: its name says which generation and rank wrote it
+                gen, rank = int(m.group(1)), int(m.group(2))
+                if is_supervisor(e):
+                    raise HistoryError(f"{path}:{lineno}: supervisor event {e['ev']!r} in a "
+                                       "rank's file")
+                if (e["gen"], e["rank"]) != (gen, rank):
+                    raise HistoryError(f"{path}:{lineno}: event of generation {e['gen']} rank "
+                                       f"{e['rank']} in the file of generation {gen} rank {rank}")
+            elif not is_supervisor(e):
+                raise HistoryError(f"{path}:{lineno}: rank event {e['ev']!r} in the "
+                                   "supervisor's file")
+            events.append(e)
+        torn.extend(file_torn)
+    events.sort(key=lambda e: float(e.get("t", 0.0)))  # stable: file order within equal times
+    return events, torn, root.root
+
+
+def validate(e: Event, where: str) -> None:
+    """Raise ``HistoryError`` unless ``e`` carries what its kind needs (``gen``, ``rank``,
+    ``step``)."""
+    ev = e.get("ev")
+    if not isinstance(ev, str):
+        raise HistoryError(f"{where}: event has no 'ev' kind: {dict(e)!r}")
+    if ev not in SUPERVISOR_EVENTS:
+        for key in ("gen", "rank"):
+            if not isinstance(e.get(key), int):
+                raise HistoryError(f"{where}: {ev} event needs an integer {key!r}: {dict(e)!r}")
+        if ev in STEP_EVENTS and not isinstance(e.get("step"), int):
+            raise HistoryError(f"{where}: {ev} event needs an integer 'step': {dict(e)!r}")
+    elif ev in _GEN_EVENTS and not isinstance(e.get("gen"), int):
+        raise HistoryError(f"{where}: supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
+
+
+#: Supervisor events that belong to one generation.
+_GEN_EVENTS = frozenset({Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.DELIVER})
+
+
+def is_supervisor(e: Event) -> bool:
+    return e["ev"] in SUPERVISOR_EVENTS

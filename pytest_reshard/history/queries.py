@@ -1,0 +1,489 @@
+"""``History``: the merged events of one run, and the queries the checkers ask of them.
+
+It is the only reader of raw events: it indexes them once and answers with the records of
+``history.records``. The definitions (committed, kept, the resume step) are in the package's
+docstring.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from pytest_reshard.contract import Cause, Detected, Ev, MemberAction, RunDir, Torn
+from pytest_reshard.history.loading import is_supervisor, load_events, validate
+from pytest_reshard.history.membership import MembershipQueries
+from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
+                                            Event, FaultFired, FileEvent, Generation, Note,
+                                            Occurrence, RankMemory, RankRecord, RssSample,
+                                            ScenarioRecord, Signal, StepError, StepSpan, Exit,
+                                            Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
+                                            as_enum, decode, fault_fired, file_event)
+
+__all__ = ["History"]
+
+
+@dataclass
+class _Index:
+    """Per-(gen, step) facts, built once."""
+
+    ends: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    end_times: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
+    begins: dict[tuple[int, int], set[int]] = field(default_factory=dict)
+    records: dict[tuple[int, int], list[Event]] = field(default_factory=dict)
+    starts: dict[int, dict[int, Event]] = field(default_factory=dict)
+    resumed: dict[int, dict[int, Event]] = field(default_factory=dict)
+    ranks_seen: dict[int, set[int]] = field(default_factory=dict)
+
+
+class History(MembershipQueries):
+    """The merged, typed events of one run. Build with ``load`` or ``from_events``."""
+
+    def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = (),
+                 run_dir: Path | None = None) -> None:
+        self.events: tuple[Event, ...] = tuple(events)
+        self.torn: tuple[Torn, ...] = tuple(torn)
+        #: The run folder it was loaded from (its logs, for messages), None when built in memory.
+        self.run_dir = run_dir
+        self._ix = _Index()
+        self._supervisor: list[Event] = []
+        self._ranked: list[tuple[int, Event]] = []
+        for i, e in enumerate(self.events):
+            validate(e, f"event #{i}")
+            if is_supervisor(e):
+                self._supervisor.append(e)
+            else:
+                self._ranked.append((i, e))
+                self._index_rank_event(e)
+        self.scenario = self._scenario()
+        self.generations: dict[int, Generation] = self._generations()
+        groups = [e for e in self._supervisor
+                  if e["ev"] == Ev.MEMBER and e.get("action") == MemberAction.GROUPS]
+        #: Membership mode: (replica groups, ranks per group); None outside it.
+        self.replica_groups: tuple[int, int] | None = \
+            (int(groups[0]["groups"]), int(groups[0]["per"])) if groups else None
+        self._attempts: list[Attempt] | None = None
+        self._by_step: dict[tuple[int, int], list[Attempt]] | None = None
+        self._marks: dict[tuple[int, int], tuple[list[int], list[int]]] | None = None
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> "History":
+        """A history from event dicts, in order (supervisor events are told apart by ``ev``)."""
+        return cls([dict(e) for e in events])
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "History":
+        """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines."""
+        events, torn, root = load_events(run_dir)
+        return cls(events, torn=torn, run_dir=root)
+
+    def _index_rank_event(self, e: Event) -> None:
+        ix = self._ix
+        gen, rank, ev = int(e["gen"]), int(e["rank"]), e["ev"]
+        ix.ranks_seen.setdefault(gen, set()).add(rank)
+        if ev == Ev.START:
+            ix.starts.setdefault(gen, {})[rank] = e
+        elif ev == Ev.RESUMED:
+            ix.resumed.setdefault(gen, {}).setdefault(rank, e)
+        elif ev == Ev.BEGIN:
+            ix.begins.setdefault((gen, int(e["step"])), set()).add(rank)
+        elif ev == Ev.END:
+            ix.ends.setdefault((gen, int(e["step"])), set()).add(rank)
+            ix.end_times.setdefault((gen, int(e["step"])), {})[rank] = float(e.get("t", 0.0))
+        elif ev == Ev.RECORD:
+            ix.records.setdefault((gen, int(e["step"])), []).append(e)
+
+    # -- supervisor view --------------------------------------------------------------------
+    def _scenario(self) -> ScenarioRecord | None:
+        for e in self._supervisor:
+            if e["ev"] == Ev.SCENARIO:
+                budget = e.get("memory_budget_bytes")
+                return ScenarioRecord(
+                    workload=str(e.get("workload", "")), steps=int(e.get("steps", 0)),
+                    world_size=int(e.get("world_size", 0)), seed=int(e.get("seed", 0)),
+                    schedule=dict(e.get("schedule") or {}), schedule_hash=e.get("schedule_hash"),
+                    replay=e.get("replay"), backend=str(e.get("backend") or "gloo"),
+                    launcher=str(e.get("launcher") or "fork"),
+                    memory_budget_bytes=None if budget is None else int(budget))
+        return None
+
+    def _generations(self) -> dict[int, Generation]:
+        starts = {int(e["gen"]): e for e in self._supervisor if e["ev"] == Ev.GEN_START}
+        ends = {int(e["gen"]): e for e in self._supervisor if e["ev"] == Ev.GEN_END}
+        ix = self._ix
+        gens: dict[int, Generation] = {}
+        for gen in sorted(set(starts) | set(ends) | set(ix.ranks_seen)):
+            start, end = starts.get(gen, {}), ends.get(gen, {})
+            rank_starts = ix.starts.get(gen, {})
+            world = start.get("world_size") or max(
+                [int(s.get("world_size", 0)) for s in rank_starts.values()]
+                + [max(ix.ranks_seen.get(gen, {-1})) + 1])
+            roles = tuple(start.get("roles") or (
+                str(rank_starts[r].get("role", "")) if r in rank_starts else ""
+                for r in range(int(world))))
+            resumed = ix.resumed.get(gen, {})
+            resume: int | None
+            if resumed:
+                first = min(resumed.values(), key=lambda e: int(e["step"]))
+                resume, declared, source = int(first["step"]), True, first.get("source")
+            else:
+                begun = [s for (g, s) in ix.begins if g == gen]
+                resume, declared, source = (min(begun) if begun else None), False, None
+            fault_id = end.get("fault_id")
+            gens[gen] = Generation(
+                gen=gen, world_size=int(world), roles=roles, launcher=start.get("launcher"),
+                resume_step=resume, resume_declared=declared, resume_source=source,
+                cause=as_enum(Cause, end.get("cause")) if end.get("cause") is not None else None,
+                planned=bool(end.get("planned", False)),
+                fault_id=None if fault_id is None else int(fault_id),
+                detail=str(end.get("detail") or ""),
+                started_at=_opt_float(start.get("t")), ended_at=_opt_float(end.get("t")))
+        return gens
+
+    @property
+    def replay(self) -> str | None:
+        return self.scenario.replay if self.scenario else None
+
+    @property
+    def final_generation(self) -> Generation | None:
+        return self.generations[max(self.generations)] if self.generations else None
+
+    def supervisor_events(self, ev: str | None = None, *, gen: int | None = None) -> list[Event]:
+        """The supervisor's events (of kind ``ev``, of generation ``gen``), in history order."""
+        return [e for e in self._supervisor if (ev is None or e["ev"] == ev)
+                and (gen is None or e.get("gen") == gen)]
+
+    def detections(self) -> list[Detection]:
+        return [Detection(gen=int(e["gen"]), kind=as_enum(Detected, str(e.get("kind", ""))),
+                          rank=_opt_int(e.get("rank")),
+                          step=_opt_int(e.get("step")), phase=e.get("phase"),
+                          exit_code=_opt_int(e.get("exit_code")),
+                          latency_s=e.get("latency_s"), expected=bool(e.get("expected", False)),
+                          detail=str(e.get("detail", "")), t=_opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.DETECT]
+
+    def unfired(self) -> list[Unfired]:
+        """The scheduled faults that never fired."""
+        return [Unfired(e.get("fault_id"), e.get("detail"), _opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.UNFIRED]
+
+    def aborts(self) -> list[Abort]:
+        """The supervisor's reasons for giving up on the run."""
+        return [Abort(e.get("detail", "aborted the run"), _opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.ABORT]
+
+    def deliveries(self) -> list[Delivery]:
+        """The planned faults a scheduler delivered (SLURM's scancel)."""
+        return [Delivery(int(e["gen"]), e.get("fault_id"), e.get("kind"), e.get("grace_s"),
+                         _opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.DELIVER]
+
+    def rss(self) -> list[RssSample]:
+        """The supervisor's peak-RSS samples, in history order."""
+        return [RssSample(e.get("gen"), int(e["rank"]), e["peak_bytes"], e.get("budget_bytes"),
+                          _opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.RSS]
+
+    def member_events(self, action: MemberAction | str | None = None, *,
+                      gen: int | None = None) -> list[MemberEvent]:
+        """The supervisor's membership records (of ``action``, of ``gen``), in history order."""
+        return [MemberEvent(as_enum(MemberAction, e.get("action")), e.get("gen"), dict(e),
+                            _opt_float(e.get("t")))
+                for e in self.supervisor_events(Ev.MEMBER, gen=gen)
+                if action is None or e.get("action") == action]
+
+    # -- the run as a whole ---------------------------------------------------------------
+    def never_started(self) -> str | None:
+        """Why no rank of any generation began a step, in words; None when some rank began one.
+
+        A run that never began a step has nothing for the checkers to judge: they say
+        ``unknown`` with this reason, and liveness says what went wrong (once)."""
+        if any(self.begun(g) for g in self.generations):
+            return None
+        if not self.generations:
+            return "the run never started: no rank recorded anything"
+        attached = any(self.starts(g) for g in self.generations)
+        how = ("ranks attached (probe.attach()) but none began a step" if attached else
+               "no rank called probe.attach()")
+        return f"the run never started: {how}, so there is nothing to compare (see liveness)"
+
+    def finished(self) -> bool:
+        """The run's final generation ended complete (its last step ran): the test a clean run
+        must pass to be kept or recorded from."""
+        final = self.final_generation
+        return final is not None and final.cause == Cause.COMPLETE
+
+    def target_step(self) -> int | None:
+        """The last step the scenario asked for (None: no scenario record)."""
+        return self.scenario.steps - 1 if self.scenario else None
+
+    def reached_target(self) -> bool:
+        """The final generation committed the target step, or resumed past it with that step
+        kept from before. False without a scenario record or a generation."""
+        final, target = self.final_generation, self.target_step()
+        if final is None or target is None:
+            return False
+        carried = (final.resume_step is not None and final.resume_step > target
+                   and any(o.step == target for o in self.kept()))
+        return target < 0 or target in self.committed(final.gen) or carried
+
+    def describe_fault(self, fault_id: int | None) -> str | None:
+        """``kill(rank:1) at step 25 backward`` for a schedule index, or None."""
+        if fault_id is None:
+            return None
+        fault = self.scenario.fault(fault_id) if self.scenario else None
+        if fault is None:
+            fired = [f for f in self.faults_fired() if f.id == fault_id]
+            if not fired:
+                return f"fault #{fault_id}"
+            f0 = fired[0]
+            fault = {"kind": f0.kind, "target": f"rank:{f0.rank}", "step": f0.step,
+                     "phase": f0.phase, "params": f0.params}
+        extra = "".join(f" {k}={v}" for k, v in sorted(dict(fault.get("params") or {}).items()))
+        return f"{fault.get('kind')}({fault.get('target')}) at step {fault.get('step')} " \
+               f"{fault.get('phase')}{extra}"
+
+    # -- rank view --------------------------------------------------------------------------
+    def rank_events(self, ev: str | None = None, *, gen: int | None = None,
+                    rank: int | None = None) -> list[Event]:
+        return [e for _, e in self._ranked if (ev is None or e["ev"] == ev)
+                and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+
+    def file_events(self, *, gen: int | None = None) -> list[FileEvent]:
+        """The ranks' file events (``filewatch``), every rank's in the order they happened."""
+        return [file_event(e) for e in self.rank_events(Ev.FILE, gen=gen)]
+
+    def timeline(self, *, gen: int | None = None, rank: int | None = None) -> list[RankRecord]:
+        """The ranks' events (of ``gen``, of ``rank``) as records, in history order; the kinds
+        without a record of their own (``record``, ``notice``, ...) are left out."""
+        out = []
+        for e in self.rank_events(gen=gen, rank=rank):
+            r = decode(e)
+            if r is not None:
+                out.append(r)
+        return out
+
+    def signals(self, *, gen: int | None = None, rank: int | None = None) -> list[Signal]:
+        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, Signal)]
+
+    def exits(self, *, gen: int | None = None, rank: int | None = None) -> list[Exit]:
+        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, Exit)]
+
+    def errors(self, *, gen: int | None = None, rank: int | None = None) -> list[StepError]:
+        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, StepError)]
+
+    def notes(self, what: str | None = None, *, gen: int | None = None) -> list[Note]:
+        """The ranks' notes (named ``what``), in history order."""
+        return [r for r in self.timeline(gen=gen) if isinstance(r, Note)
+                and (what is None or r.what == what)]
+
+    def marked_phases(self) -> set[Any]:
+        """Every fault point a rank marked (``s.point(phase)``)."""
+        return {e.get("phase") for e in self.rank_events(Ev.POINT)}
+
+    def records(self) -> list[tuple[Occurrence, Mapping[str, Any]]]:
+        """Each ``record`` event with its occurrence, in history order (the workload's own
+        fields: loss, samples, epoch, tokens, ...)."""
+        return [(Occurrence(int(e["step"]), int(e["gen"])), e) for e in self.rank_events(Ev.RECORD)]
+
+    def began_since_start(self, gen: int, rank: int, index: int) -> bool:
+        """``rank`` began a step in ``gen`` after its latest ``start`` before event ``index``
+        (a rank's file may hold several incarnations, in membership mode) and before it."""
+        if self._marks is None:
+            self._marks = {}
+            for i, e in self._ranked:
+                if e["ev"] in (Ev.START, Ev.BEGIN):
+                    starts, begins = self._marks.setdefault((int(e["gen"]), int(e["rank"])),
+                                                            ([], []))
+                    (starts if e["ev"] == Ev.START else begins).append(i)
+        starts, begins = self._marks.get((gen, rank), ([], []))
+        since = max((i for i in starts if i < index), default=-1)
+        return any(since < b < index for b in begins)
+
+    def disk(self, gen: int) -> dict[str, list[Any]] | None:
+        """The work folder as generation ``gen`` left it (``{path: [size, crc]}``), when the
+        scenario recorded file events; None otherwise or for a history built in memory."""
+        if self.run_dir is None:
+            return None
+        path = RunDir(self.run_dir).disk(gen)
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def times(self, ev: str, *, gen: int | None = None, rank: int | None = None) -> list[float]:
+        """When the rank events of kind ``ev`` (of ``gen``, of ``rank``) happened, in history
+        order (an event without a time counts as 0)."""
+        return [_t(e) for e in self.rank_events(ev, gen=gen, rank=rank)]
+
+    def step_spans(self, *, gen: int | None = None, rank: int | None = None) -> list[StepSpan]:
+        """Each rank's steps from ``begin`` to ``end`` (of ``gen``, of ``rank``), ordered by
+        generation, rank and begin time. A step begun and never ended has ``end_t`` None; a step
+        begun twice on a rank spans from its last ``begin``; an ``end`` with no open ``begin``
+        makes no span."""
+        done: list[StepSpan] = []
+        open_: dict[tuple[int, int], dict[int, float]] = {}
+        for _, e in self._ranked:
+            if (gen is not None and e["gen"] != gen) or (rank is not None and e["rank"] != rank):
+                continue
+            key, step = (int(e["gen"]), int(e["rank"])), e.get("step")
+            if e["ev"] == Ev.BEGIN:
+                open_.setdefault(key, {})[int(step)] = _t(e)
+            elif e["ev"] == Ev.END and step in open_.get(key, {}):
+                done.append(StepSpan(key[0], key[1], int(step), open_[key].pop(step), _t(e)))
+        unfinished = [StepSpan(g, r, s, t0, None) for (g, r), steps in open_.items()
+                      for s, t0 in steps.items()]
+        return sorted(done + unfinished, key=lambda x: (x.gen, x.rank, x.begin_t))
+
+    def starts(self, gen: int) -> dict[int, Event]:
+        """rank -> its ``start`` event in ``gen``."""
+        return dict(self._ix.starts.get(gen, {}))
+
+    def ranks_seen(self, gen: int) -> frozenset[int]:
+        return frozenset(self._ix.ranks_seen.get(gen, ()))
+
+    def role(self, gen: int, rank: int) -> str:
+        start = self._ix.starts.get(gen, {}).get(rank)
+        if start is not None and start.get("role"):
+            return str(start["role"])
+        roles = self.generations[gen].roles if gen in self.generations else ()
+        return roles[rank] if rank < len(roles) else ""
+
+    def max_rewind_steps(self, gen: int) -> int:
+        """What an unplanned failure may cost, as declared in ``gen`` at ``attach`` or ``resumed``
+        (the lowest declaration wins; undeclared -> 0)."""
+        values = [e.get("max_rewind_steps") for by_rank in (self._ix.starts, self._ix.resumed)
+                  for e in by_rank.get(gen, {}).values()]
+        declared = [int(v) for v in values if v is not None]
+        return min(declared) if declared else 0
+
+    def ended_by(self, gen: int, step: int) -> frozenset[int]:
+        return frozenset(self._ix.ends.get((gen, step), ()))
+
+    def begun(self, gen: int) -> frozenset[int]:
+        return frozenset(s for (g, s) in self._ix.begins if g == gen)
+
+    def ended(self, gen: int | None = None) -> frozenset[int]:
+        """Steps at least one rank ended (in ``gen``, or in any generation)."""
+        return frozenset(s for (g, s) in self._ix.ends if gen is None or g == gen)
+
+    def committed(self, gen: int) -> frozenset[int]:
+        """Steps every rank of ``gen``'s world size ended (membership mode: every rank of at
+        least one replica group)."""
+        if self.replica_groups is not None:
+            return frozenset(self._first_commits(gen))
+        world = set(range(self.generations[gen].world_size)) if gen in self.generations else set()
+        return frozenset(s for (g, s), ranks in self._ix.ends.items()
+                         if g == gen and world and world <= ranks)
+
+    def kept(self) -> list[Occurrence]:
+        """Occurrences whose effect persisted into the final state (see the module docstring)."""
+        gens = sorted(self.generations)
+        out: list[Occurrence] = []
+        for i, gen in enumerate(gens):
+            later = [r for g in gens[i + 1:] if (r := self.generations[g].resume_step) is not None]
+            if later:
+                bound = min(later)
+                steps = {s for s in self.ended(gen) if s < bound}
+            else:
+                steps = set(self.committed(gen))
+            out.extend(Occurrence(s, gen) for s in steps)
+        return sorted(out)
+
+    def loss(self, gen: int, step: int) -> float | None:
+        """The step's loss: rank 0's, else the lowest rank's that recorded one (last record wins)."""
+        by_rank: dict[int, float] = {}
+        for e in self._ix.records.get((gen, step), ()):
+            if e.get("loss") is not None:
+                by_rank[int(e["rank"])] = float(e["loss"])
+        return by_rank[min(by_rank)] if by_rank else None
+
+    def kept_losses(self) -> dict[int, tuple[Occurrence, float]]:
+        """step -> (occurrence, loss) over kept occurrences; a later generation wins a tie."""
+        out: dict[int, tuple[Occurrence, float]] = {}
+        for occ in sorted(self.kept(), key=lambda o: (o.gen, o.step)):
+            loss = self.loss(occ.gen, occ.step)
+            if loss is not None:
+                out[occ.step] = (occ, loss)
+        return out
+
+    def samples(self, gen: int, step: int) -> dict[int, list[tuple[int, int]]]:
+        """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order
+        (membership mode: in its attempts that ended and whose gradient counted)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        if self.replica_groups is not None:
+            for a in self._attempts_of(gen, step):  # a zeroed gradient trained nothing
+                if a.ended and a.samples and a.participating is not False:
+                    out.setdefault(a.rank, []).extend(a.samples)
+            return out
+        for e in self._ix.records.get((gen, step), ()):
+            if e.get("samples") is not None:
+                epoch = int(e.get("epoch", 0) or 0)
+                out.setdefault(int(e["rank"]), []).extend((epoch, int(s)) for s in e["samples"])
+        return out
+
+    def kept_samples(self) -> dict[Occurrence, frozenset[tuple[int, int]]]:
+        """occurrence -> the union over ranks of its (epoch, sample id) pairs."""
+        return {occ: frozenset(p for pairs in self.samples(occ.gen, occ.step).values()
+                               for p in pairs) for occ in self.kept()}
+
+    def end_times(self, gen: int, step: int) -> dict[int, float]:
+        """rank -> when it ended the step in ``gen``."""
+        return dict(self._ix.end_times.get((gen, step), {}))
+
+    def metric(self, gen: int, step: int, name: str) -> dict[int, float]:
+        """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``)."""
+        out: dict[int, float] = {}
+        for e in self._ix.records.get((gen, step), ()):
+            if isinstance(e.get(name), (int, float)):
+                out[int(e["rank"])] = out.get(int(e["rank"]), 0.0) + float(e[name])
+        return out
+
+    def has_tokens(self) -> bool:
+        return any(e.get("tokens") is not None for recs in self._ix.records.values() for e in recs)
+
+    def has_samples(self) -> bool:
+        return any(e.get("samples") is not None for recs in self._ix.records.values() for e in recs)
+
+    def checkpoints(self, kind: str | None = None, *, gen: int | None = None,
+                    rank: int | None = None) -> list[Checkpoint]:
+        """The ``"save"`` or ``"load"`` events (both when ``kind`` is None; of ``gen``, of
+        ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded."""
+        kinds = {Ev.CKPT_SAVE: "save", Ev.CKPT_LOAD: "load"}
+        if kind is not None and kind not in kinds.values():
+            raise KeyError(kind)
+        return [Checkpoint(kind=kinds[e["ev"]], gen=int(e["gen"]), rank=int(e["rank"]),
+                           step=int(e["step"]), digest=dict(e.get("digest") or {}),
+                           expected=dict(e["expected"]) if e.get("expected") else None,
+                           t=float(e.get("t", 0.0)), index=i, seconds=_opt_number(e.get("seconds")),
+                           bytes=_opt_number(e.get("bytes")),
+                           info={k: v for k, v in e.items() if k not in _CHECKPOINT_FIELDS})
+                for i, e in self._ranked if e["ev"] in kinds and kind in (None, kinds[e["ev"]])
+                and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+
+    def memory(self) -> dict[int, RankMemory]:
+        """Per rank: peak memory and headroom to the budget, over every generation."""
+        peaks: dict[int, dict[str, Any]] = {}
+        budget = self.scenario.memory_budget_bytes if self.scenario else None
+        for e in self.events:
+            if e["ev"] == Ev.RSS:
+                m = peaks.setdefault(int(e["rank"]), {})
+                m["peak"] = max(m.get("peak", 0), int(e["peak_bytes"]))
+        for e in self.rank_events(Ev.MEMORY):
+            m = peaks.setdefault(int(e["rank"]), {})
+            m["device"] = max(m.get("device", 0), int(e["peak"]))
+            if e.get("budget"):
+                m["total"] = int(e["budget"])
+        return {r: RankMemory(r, m.get("peak"), budget, m.get("device"), m.get("total"))
+                for r, m in sorted(peaks.items())}
+
+    def faults_fired(self) -> list[FaultFired]:
+        return [fault_fired(e) for e in self.rank_events(Ev.FAULT)]
+
+
+
+#: The fields of a checkpoint event that ``Checkpoint`` has its own attribute for.
+_CHECKPOINT_FIELDS = frozenset({"ev", "t", "gen", "rank", "step", "digest", "expected", "seconds",
+                                "bytes"})
