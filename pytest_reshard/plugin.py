@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from pytest_reshard.refcache import resolve_workload
 from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -336,17 +337,6 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         return result
 
     return run
-
-
-def resolve_workload(workload: str, test_file: Path) -> str:
-    """A bundled workload's name as it is; a script's path relative to the test file (else to
-    the working directory), made absolute."""
-    from pytest_reshard import workloads
-
-    if workloads.get(workload) is None and not os.path.isabs(workload):
-        candidate = test_file.parent / workload
-        return str(candidate if candidate.exists() else Path(workload).resolve())
-    return workload
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any, Callable
 
 from pytest_reshard.history import History
 
-__all__ = ["ReferenceCache", "workload_files"]
+__all__ = ["ReferenceCache", "workload_files", "resolve_workload"]
 
 
 class ReferenceCache:
@@ -55,14 +56,24 @@ class ReferenceCache:
             return History.load(hit)
         with tempfile.TemporaryDirectory(dir=self.folder, prefix=".run-") as tmp:
             history = run(Path(tmp) / "run")
-            final = history.final_generation
-            if final is not None and final.cause == "complete":
+            if history.finished():
                 try:
                     (Path(tmp) / "run").rename(hit)
                     return History.load(hit)
                 except OSError:  # another session stored it first: theirs is as good
                     pass
             return History.load(Path(tmp) / "run") if (Path(tmp) / "run").exists() else history
+
+
+def resolve_workload(workload: str, test_file: Path) -> str:
+    """A bundled workload's name as it is; a script's path relative to the test file (else to
+    the working directory), made absolute."""
+    from pytest_reshard import workloads
+
+    if workloads.get(workload) is None and not os.path.isabs(workload):
+        candidate = test_file.parent / workload
+        return str(candidate if candidate.exists() else Path(workload).resolve())
+    return workload
 
 
 def workload_files(argv: list[str]) -> list[Path]:

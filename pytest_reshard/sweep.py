@@ -27,10 +27,10 @@ import os
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
-from pytest_reshard.contract import Ev
-from pytest_reshard.contract import MUTATIONS
+from pytest_reshard.contract import MUTATIONS, FileOp
+from pytest_reshard.history import Begun, FileEvent, file_trail
 from pytest_reshard.reports.sweep import masked
 
 __all__ = ["FilePoint", "points", "save_steps", "record", "parametrize"]
@@ -72,13 +72,13 @@ class FilePoint:
         that the kill hit the event the recording named (else the point tested something else:
         an async save's thread orders its events differently from run to run)."""
         hit = next((e for e in result.history.file_events()        # the armed event
-                    if e.get("killed") or e.get("flip") is True), None)
+                    if e.killed or e.flip is True), None)
         if hit is None:
             raise AssertionError(f"{self.describe()}: the kill never fired: the rank made fewer "
                                  f"than {self.event} file events from the start of step "
                                  f"{self.step} (the recorded save had more)")
-        if hit["op"] != self.op or masked(hit["path"]) != masked(self.path):
-            raise AssertionError(f"{self.describe()}: the kill hit `{hit['op']} {hit['path']}` "
+        if hit.op != self.op or masked(hit.path) != masked(self.path):
+            raise AssertionError(f"{self.describe()}: the kill hit `{hit.op} {hit.path}` "
                                  "instead, so this point did not test what it names: the save's "
                                  "file events are not in the same order in every run (an async "
                                  "save's thread?)")
@@ -89,26 +89,32 @@ class FilePoint:
                                  "corrupted checkpoint and no checker noticed")
 
 
-def save_steps(events: Sequence[Mapping[str, Any]], rank: int) -> list[int]:
-    """The steps in whose window ``rank`` changed files: the saves, as the files show them."""
-    return sorted({e["at_step"] for e in events if e["ev"] == Ev.FILE and e["rank"] == rank
-                   and e["op"] in MUTATIONS and e.get("at_step") is not None})
+def save_steps(events: Sequence[Any], rank: int) -> list[int]:
+    """The steps in whose window ``rank`` changed files: the saves, as the files show them.
+    ``events``: rank events, raw or as ``History`` records."""
+    return sorted({e.at_step for e in _files(events) if e.rank == rank
+                   and e.op in MUTATIONS and e.at_step is not None})
+
+
+def _files(events: Sequence[Any]) -> list[FileEvent]:
+    return [e for e in file_trail(events) if isinstance(e, FileEvent)]
 
 
 #: Removals after the save's step are a later save's cleanup, not this save's tail.
-REMOVALS = ("unlink", "rmdir", "rmtree")
+REMOVALS = (FileOp.UNLINK, FileOp.RMDIR, FileOp.RMTREE)
 #: A flip point is made for each file of the save at least this big (its data, not a pointer).
 FLIP_MIN_BYTES = 64
 
 
-def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
+def points(events: Sequence[Any], *, rank: int = 0,
            save_step: int | None = None, flip: bool = False) -> list[FilePoint]:
     """Every crash point of one save, from a clean run's events in order (one generation);
     with ``flip``, one more per data file closed (a byte flipped after it is written)."""
-    saves = save_steps(events, rank)
+    trail = file_trail(events, begins=True)
+    saves = save_steps(trail, rank)
     if not saves:
-        others = sorted({e["rank"] for e in events if e["ev"] == Ev.FILE and e["op"] in MUTATIONS
-                         and e.get("at_step") is not None})
+        others = sorted({e.rank for e in _files(trail) if e.op in MUTATIONS
+                         and e.at_step is not None})
         raise ValueError(f"the clean run made no file event on rank {rank} under the work "
                          "folder" + (f"; rank(s) {', '.join(map(str, others))} did: sweep one "
                                      f"of them (reshard_sweep(rank={others[0]}))" if others else
@@ -118,29 +124,29 @@ def points(events: Sequence[Mapping[str, Any]], *, rank: int = 0,
     if step not in saves:
         raise ValueError(f"save_step={step}: rank {rank} wrote no file in step {step}; it "
                          f"saved in steps {', '.join(map(str, saves))}")
-    mine = [e for e in events if e["rank"] == rank]
-    start = next(i for i, e in enumerate(mine) if e["ev"] == Ev.BEGIN and e["step"] == step)
+    mine = [e for e in trail if e.rank == rank]
+    start = next(i for i, e in enumerate(mine) if isinstance(e, Begun) and e.step == step)
     made: list[str] = []             # folders the save created
     out: list[FilePoint] = []
-    later = [e for e in mine[start:] if e["ev"] == Ev.FILE and e["op"] in MUTATIONS]
+    later = [e for e in mine[start:] if isinstance(e, FileEvent) and e.op in MUTATIONS]
     for n, e in enumerate(later, 1):   # n: the count the kill fires at
-        op, path = e["op"], e["path"]
-        ours = e.get("at_step") == step or (op not in REMOVALS and any(
+        op, path = str(e.op), e.path
+        ours = e.at_step == step or (e.op not in REMOVALS and any(
             path == d or path.startswith(d + "/") for d in made))   # an async save's tail
         if not ours:
             continue
-        if op == "mkdir" and e.get("at_step") == step:
+        if e.op == FileOp.MKDIR and e.at_step == step:
             made.append(path)
-        if op == "rename" and any(path == d for d in made):
-            made.append(e["dst"])
+        if e.op == FileOp.RENAME and any(path == d for d in made):
+            made.append(e.dst)
         out.append(FilePoint(step, n, op, path, "before", rank))
-        if op == "write":
-            end = next((x.get("written") for x in later[n:]
-                        if x["path"] == path and x["op"] in ("fsync", "close")), None)
-            start_at = int(e.get("offset") or 0)
+        if e.op == FileOp.WRITE:
+            end = next((x.written for x in later[n:]
+                        if x.path == path and x.op in (FileOp.FSYNC, FileOp.CLOSE)), None)
+            start_at = int(e.offset or 0)
             if end is not None and end - start_at >= 2:
                 out.append(FilePoint(step, n, op, path, "torn", rank, (start_at + end) // 2))
-        if op == "close" and flip and int(e.get("size") or 0) >= FLIP_MIN_BYTES:
+        if e.op == FileOp.CLOSE and flip and int(e.size or 0) >= FLIP_MIN_BYTES:
             out.append(FilePoint(step, n, op, path, "flip", rank))
     return out
 
@@ -150,8 +156,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
     """``pytest_generate_tests`` for a test that asks for ``file_point``."""
     import pytest
 
-    from pytest_reshard.plugin import resolve_workload
-    from pytest_reshard.refcache import workload_files
+    from pytest_reshard.refcache import resolve_workload, workload_files
     from pytest_reshard.session import scenario_from
     from pytest_reshard.workloads import resolve
 
@@ -221,7 +226,7 @@ def record(scenario: Any, run_dir: Path, *, rank: int = 0, save_step: int | None
     Supervisor(clean, run_dir).run()
     history = History.load(run_dir)
     final = history.final_generation
-    if final is None or final.cause != "complete":
+    if not history.finished():
         raise RuntimeError(f"the clean run that records the save's file events did not finish "
                            f"({final.cause if final else 'no generation'}"
                            f"{': ' + final.detail if final and final.detail else ''}): see "

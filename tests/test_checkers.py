@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from .histories import DIGEST, Builder, clean_run, default_loss, reshard_run
@@ -53,14 +55,18 @@ def test_no_rewind_single_generation() -> None:
 
 
 def test_no_rewind_fails_a_planned_reshard_that_restarts_from_zero() -> None:
-    v = no_rewind(reshard_run(resume=0, run=range(0, 20), load=None).history())
+    h = reshard_run(resume=0, run=range(0, 20), load=None).history()
+    v = no_rewind(h)
     assert v.status == "fail"
     assert v.message.startswith(
         "generation 1 resumed at step 0 after a planned reshard (shift_shards(all) at step 12 "
         "optimizer notice_s=1 to_world_size=3): committed steps 0..12 replayed (13 steps, "
         "budget 0)")
     assert (v.step, v.generation) == (0, 1)
-    assert v.fault and v.fault.startswith("shift_shards") and v.replay
+    assert v.fault and v.fault.startswith("shift_shards")
+    # the registry attaches the run's replay command to every verdict it files
+    filed = checkers.get("no_rewind").run(checkers.CheckContext(h))
+    assert filed == dataclasses.replace(v, replay=h.replay) and filed.replay
 
 
 def test_no_rewind_fails_an_unplanned_kill_beyond_the_declared_budget() -> None:

@@ -1,14 +1,11 @@
 """Helpers the checkers share to word their messages (and find the generation before another)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from pathlib import Path
+from typing import Iterable
 
+from pytest_reshard.contract import RunDir
 from pytest_reshard.history import Generation, History
-
-if TYPE_CHECKING:
-    from pathlib import Path
-
-    from pytest_reshard.checkers.context import CheckContext
 
 #: How many further problems a summary lists after the first.
 _MAX_LISTED = 3
@@ -69,34 +66,15 @@ def _summarise(messages: list[str]) -> str:
     return f"{messages[0]} (+{len(messages) - 1} more: {tail})"
 
 
-def _never_started(history: History) -> str | None:
-    """Why no rank of any generation began a step, in words; None when some rank began one.
-
-    A run that never began a step has nothing for the other checkers to judge: they say
-    ``unknown`` with this reason, and liveness says what went wrong (once)."""
-    if any(history.begun(g) for g in history.generations):
-        return None
-    if not history.generations:
-        return "the run never started: no rank recorded anything"
-    attached = any(history.starts(g) for g in history.generations)
-    how = ("ranks attached (probe.attach()) but none began a step" if attached else
-           "no rank called probe.attach()")
-    return f"the run never started: {how}, so there is nothing to compare (see liveness)"
-
-
-def _log_tail(run_dir: "str | Path | None", gen: int, rank: int, lines: int = 12) -> str:
+def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) -> str:
     """``; its log, RUN/logs/g0-r1.log, ends: <last lines>`` (the relative path when the run
     folder is not known, nothing more when the log is empty or unreadable)."""
-    from pathlib import Path
-
-    from pytest_reshard.contract import RunDir
-
-    rel = f"logs/g{gen}-r{rank}.log"
     if run_dir is None:
-        return f"; read its log, {rel} in the run folder"
-    path = RunDir(Path(run_dir)).log(gen, rank)
+        return f"; read its log, {RunDir(Path()).log(gen, rank)} in the run folder"
+    folder = RunDir(Path(run_dir))
+    path = folder.log(gen, rank)
     mine = lambda line: True  # noqa: E731 - every line of the rank's own log is its own
-    shared = path.with_name(f"g{gen}-slurm.log")
+    shared = folder.step_log(gen)
     if not path.exists() and shared.exists():
         # under SLURM the ranks' output is the step's, one file: torch prefixes what a rank
         # raises with [rank<N>]:
@@ -109,43 +87,3 @@ def _log_tail(run_dir: "str | Path | None", gen: int, rank: int, lines: int = 12
     if not tail:
         return f"; its log {path} is empty"
     return f"; its log {path} ends:\n    " + "\n    ".join(tail)
-
-
-def _clean_first(ctx: "CheckContext") -> "tuple[History | None, str | None]":
-    """The clean run at the run's first topology, and why it cannot be compared with (None: it
-    can). Starts no clean run for a run that never began a step, and no other topology: the
-    sample and liveness checks need this one only (what ``ctx.clean_runs()`` found already is
-    reused)."""
-    never = _never_started(ctx.history)
-    if never is not None:
-        return None, f"{never}; no clean reference run was started"
-    done = ctx._cache.get("clean")
-    if isinstance(done, Exception):   # a clean run that cannot start is not started twice
-        raise done
-    if done is not None:
-        return done.reference, done.broken
-    if "clean_first" not in ctx._cache:
-        try:
-            ctx._cache["clean_first"] = _first_clean_run(ctx)
-        except Exception as e:  # noqa: BLE001 - raised again to every checker that asks
-            ctx._cache["clean_first"] = e
-    got = ctx._cache["clean_first"]
-    if isinstance(got, Exception):
-        raise got
-    return got
-
-
-def _first_clean_run(ctx: "CheckContext") -> "tuple[History | None, str | None]":
-    if not ctx.has_references:
-        return None, None
-    from pytest_reshard.checkers.liveness import liveness
-
-    h = ctx.reference(ctx.first_roles)
-    v = liveness(h)
-    if v.status == "pass":
-        return h, None
-    # A clean run that did not finish leaves nothing to compare against.
-    size = h.scenario.world_size if h.scenario else len(ctx.first_roles)
-    problem = (v.details.get("problems") or [v.message])[0]
-    return h, (f"the clean reference run (world size {size}) did not finish: {problem} (see "
-               "liveness)")

@@ -19,7 +19,7 @@ def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATIO
     """No rank's CUDA caching allocator was more than ``threshold`` fragmented (1 - largest free
     block / total free, from ``telemetry.record_allocator``). On CPU there is no such allocator:
     unknown, saying so, never a pass."""
-    check, replay = "allocator_fragmentation", history.replay
+    check = "allocator_fragmentation"
     samples = [e for e in history.rank_events("note") if e.get("what") == "allocator"]
     if not samples:
         scenario = next((e for e in history.events if e["ev"] == "scenario"), {})
@@ -28,15 +28,14 @@ def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATIO
                if scenario.get("backend") == "nccl" else
                f"not applicable: the run used no CUDA device (backend {scenario.get('backend', '?')})"
                ", and only CUDA's caching allocator fragments this way")
-        return Verdict.unknown(check, why, replay=replay)
+        return Verdict.unknown(check, why)
     mib = 2 ** 20
     judged = [e for e in samples if int(e["total_free"]) >= FRAGMENTATION_MIN_FREE]
     if not judged:
         most = max(int(e["total_free"]) for e in samples)
         return Verdict.passed(check, f"{len(samples)} samples; the allocator never held more than "
                               f"{most / mib:.0f} MiB free (under {FRAGMENTATION_MIN_FREE / mib:.0f} "
-                              "MiB, too little for fragmentation to refuse an allocation)",
-                              replay=replay)
+                              "MiB, too little for fragmentation to refuse an allocation)")
     worst = max(judged, key=lambda e: float(e["fragmentation"]))
     step = worst.get("step")
     where = f"rank {worst['rank']} (generation {worst['gen']}" + \
@@ -51,9 +50,9 @@ def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATIO
                               f"{worst['largest_free'] / mib:.0f} MiB fails although the memory is "
                               "free; try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                               rank=worst["rank"], generation=worst["gen"], step=step,
-                              details=details, replay=replay)
+                              details=details)
     return Verdict.passed(check, f"worst of {len(judged)} samples: {text}, within "
-                          f"{threshold:.0%}", details=details, replay=replay)
+                          f"{threshold:.0%}", details=details)
 
 
 def _applies(ctx: CheckContext) -> bool:

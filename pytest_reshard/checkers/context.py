@@ -104,23 +104,13 @@ class CheckContext:
         return clean
 
     def _clean_reference(self, roles: list[str]) -> CleanReference:
-        if not any(self.history.begun(g) for g in self.history.generations):
+        if self.history.never_started() is not None:
             said = self.clean_runs().broken  # the same words as the other checkers' reason
-            return CleanReference(None, said or "the run never started: no rank began a step, so "
-                                                "there is nothing to compare (see liveness); no "
-                                                "clean reference run was started")
+            return CleanReference(None, said)
         if self.reference_runs is None:
             return CleanReference(None, None)
-        from pytest_reshard.checkers.liveness import liveness
-
         h = self.reference(roles)
-        v = liveness(h)
-        if v.status != "pass":
-            problem = (v.details.get("problems") or [v.message])[0]
-            size = h.scenario.world_size if h.scenario else len(roles)
-            return CleanReference(h, f"the clean reference run (world size {size}) did not "
-                                     f"finish: {problem} (see liveness)")
-        return CleanReference(h, None)
+        return CleanReference(h, _unfinished(h, len(roles)))
 
     def clean_runs(self) -> CleanRuns:
         """The clean run at the first topology, one at a second topology for the noise floor
@@ -134,15 +124,11 @@ class CheckContext:
         return clean
 
     def _clean_runs(self) -> CleanRuns:
-        from pytest_reshard.checkers._text import _never_started
-
-        never = _never_started(self.history)
+        never = self.history.never_started()
         if never is not None:
             return CleanRuns(None, None, f"{never}; no clean reference run was started")
         if self.reference_runs is None:
             return CleanRuns(None, None, None)
-        from pytest_reshard.checkers.liveness import liveness
-
         first = self.first_roles
         reference = self.reference(first)
         other = noise_floor_roles(first, self.history)
@@ -150,14 +136,45 @@ class CheckContext:
         for h in (reference, second):
             if h is None:
                 continue
-            v = liveness(h)
-            if v.status != "pass":  # without a clean run there is nothing to compare against
-                size = h.scenario.world_size if h.scenario else "?"
-                first_problem = (v.details.get("problems") or [v.message])[0]
-                return CleanRuns(reference, second, f"the clean reference run (world size {size}) "
-                                                    f"did not finish: {first_problem} (see "
-                                                    "liveness)")
+            broken = _unfinished(h, "?")
+            if broken is not None:  # without a clean run there is nothing to compare against
+                return CleanRuns(reference, second, broken)
         return CleanRuns(reference, second, None)
+
+    def clean_first(self) -> tuple[History | None, str | None]:
+        """The clean run at the run's first topology, and why it cannot be compared with (None:
+        it can). Starts no clean run for a run that never began a step, and no other topology:
+        the sample and liveness checks need this one only (what ``clean_runs()`` found already is
+        reused)."""
+        never = self.history.never_started()
+        if never is not None:
+            return None, f"{never}; no clean reference run was started"
+        done = self._cache.get("clean")
+        if isinstance(done, Exception):   # a clean run that cannot start is not started twice
+            raise done
+        if done is not None:
+            return done.reference, done.broken
+        got = self._once("clean_first", self._first_clean_run)
+        assert isinstance(got, tuple)
+        return got
+
+    def _first_clean_run(self) -> tuple[History | None, str | None]:
+        if not self.has_references:
+            return None, None
+        h = self.reference(self.first_roles)
+        return h, _unfinished(h, len(self.first_roles))
+
+
+def _unfinished(clean: History, size: Any) -> str | None:
+    """Why a clean reference run cannot be compared with: it did not pass liveness (``size``:
+    its world size in words when it has no scenario record). The one place that decides it."""
+    from pytest_reshard.checkers.liveness import clean_problem  # liveness registers on import
+
+    problem = clean_problem(clean)
+    if problem is None:
+        return None
+    world = clean.scenario.world_size if clean.scenario else size
+    return f"the clean reference run (world size {world}) did not finish: {problem} (see liveness)"
 
 
 def noise_floor_roles(first: list[str], history: History) -> list[str] | None:

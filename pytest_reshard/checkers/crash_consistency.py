@@ -24,9 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import Ev
-from pytest_reshard.contract import MUTATIONS
-from pytest_reshard.history import History
+from pytest_reshard.contract import MUTATIONS, FileOp
+from pytest_reshard.history import FileEvent, History, Saved, file_trail
 from pytest_reshard.verdict import Verdict
 
 __all__ = ["crash_consistency", "manifests", "written", "Disk", "Checkpoints", "describe_crash"]
@@ -42,7 +41,12 @@ def _moved(path: str, src: str, dst: str) -> str:
     return dst + path[len(src):]
 
 
-def saves_of(events: Sequence[Mapping[str, Any]]) -> dict[int, int | None]:
+Trail = Sequence["FileEvent | Saved"]
+#: Removing ops: what they name is gone afterwards.
+_REMOVALS = (FileOp.UNLINK, FileOp.RMDIR, FileOp.RMTREE)
+
+
+def saves_of(events: Trail) -> dict[int, int | None]:
     """The save each file event (by its index in ``events``) belongs to.
 
     A rank that records its saves (``run.checkpoint_saved(step)``, once the save is complete)
@@ -52,33 +56,33 @@ def saves_of(events: Sequence[Mapping[str, Any]]) -> dict[int, int | None]:
     out: dict[int, int | None] = {}
     pending: dict[tuple[int, int], list[int]] = {}
     for i, e in enumerate(events):
-        if e["ev"] == Ev.CKPT_SAVE:
-            for j in pending.pop((e["gen"], e["rank"]), []):
-                out[j] = int(e["step"])
-        elif e["ev"] == Ev.FILE and e["op"] in MUTATIONS and e.get("at_step") is not None:
-            pending.setdefault((e["gen"], e["rank"]), []).append(i)   # (before a step: setup)
+        if isinstance(e, Saved):
+            for j in pending.pop((e.gen, e.rank), []):
+                out[j] = e.step
+        elif e.op in MUTATIONS and e.at_step is not None:
+            pending.setdefault((e.gen, e.rank), []).append(i)   # (before a step: setup)
     containers = _containers(events)
     made: dict[str, int | None] = {}   # a folder -> the save that created it (the first)
     for i, e in enumerate(events):
-        if e["ev"] == Ev.FILE and e["op"] == "mkdir" and i in out:
-            made.setdefault(e["path"], out[i])   # a recorded save's folder, whoever made it first
+        if isinstance(e, FileEvent) and e.op == FileOp.MKDIR and i in out:
+            made.setdefault(e.path, out[i])   # a recorded save's folder, whoever made it first
     for i, e in enumerate(events):
-        if e["ev"] != Ev.FILE or e["op"] not in MUTATIONS:
+        if not isinstance(e, FileEvent) or e.op not in MUTATIONS:
             continue
-        step = e.get("at_step")
-        if e["op"] == "mkdir" and step is not None:
-            made.setdefault(e["path"], out.get(i, step))
-        elif e["op"] == "rename" and e.get("dst"):
-            for d in [d for d in made if _under(d, e["path"])]:
-                made[_moved(d, e["path"], e["dst"])] = made.pop(d)
+        step = e.at_step
+        if e.op == FileOp.MKDIR and step is not None:
+            made.setdefault(e.path, out.get(i, step))
+        elif e.op == FileOp.RENAME and e.dst:
+            for d in [d for d in made if _under(d, e.path)]:
+                made[_moved(d, e.path, e.dst)] = made.pop(d)
         if i not in out:
-            parent = os.path.dirname(e["path"])
+            parent = os.path.dirname(e.path)
             folder = made.get(parent) if parent not in containers else None
             out[i] = folder if folder is not None and step is not None and folder < step else step
     return out
 
 
-def _containers(events: Sequence[Mapping[str, Any]]) -> set[str]:
+def _containers(events: Trail) -> set[str]:
     """Folders that hold many saves, not one (``ckpt/``): a later step creates a folder in
     them, or they get files of three steps or more. A save's own folder gets its files in one
     step, and at most a marker later."""
@@ -86,15 +90,15 @@ def _containers(events: Sequence[Mapping[str, Any]]) -> set[str]:
     steps: dict[str, set[int]] = {}
     out: set[str] = set()
     for e in events:
-        step = e.get("at_step")
-        if e["ev"] != Ev.FILE or step is None:
+        if not isinstance(e, FileEvent) or e.at_step is None:
             continue
-        parent = os.path.dirname(e["path"])
-        if e["op"] == "mkdir":
-            made.setdefault(e["path"], step)
+        step = e.at_step
+        parent = os.path.dirname(e.path)
+        if e.op == FileOp.MKDIR:
+            made.setdefault(e.path, step)
             if parent in made and made[parent] < step:
                 out.add(parent)
-        elif e["op"] == "close":
+        elif e.op == FileOp.CLOSE:
             steps.setdefault(parent, set()).add(step)
             if len(steps[parent]) >= 3:
                 out.add(parent)
@@ -110,7 +114,7 @@ class Disk:
 
     def __init__(self) -> None:
         self.files: dict[str, tuple[Any, Any, int | None] | None] = {}
-        self.removed: dict[str, Mapping[str, Any]] = {}
+        self.removed: dict[str, FileEvent] = {}
         #: path -> {save: (size, crc)}: what each save wrote there (a file each save rewrites
         #: with the same bytes holds every one of them)
         self.by_save: dict[str, dict[int | None, tuple[Any, Any]]] = {}
@@ -119,64 +123,64 @@ class Disk:
         self.files[path] = (size, crc, save)
         self.by_save.setdefault(path, {})[save] = (size, crc)
 
-    def apply(self, e: Mapping[str, Any], save: int | None) -> list[tuple[str, str]]:
+    def apply(self, e: FileEvent, save: int | None) -> list[tuple[str, str]]:
         """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
-        op, path = e["op"], e["path"]
-        if e.get("killed") == "before" and op != "close":
+        op, path = e.op, e.path
+        if e.killed == "before" and op != FileOp.CLOSE:
             return []                 # killed before it: it never happened (a close's data is written)
-        dst = e.get("dst")
-        if op == "open" and e.get("raw"):
+        dst = e.dst
+        if op == FileOp.OPEN and e.raw:
             self._put(path, None, None, save)
-        elif op in ("copy", "rename") and path == "(outside)" and dst not in (None, "(outside)"):
+        elif op in (FileOp.COPY, FileOp.RENAME) and path == OUTSIDE and dst not in (None, OUTSIDE):
             self._put(dst, None, None, save)   # bytes from outside the folder: not on record
-        elif op == "copy" and dst not in (None, "(outside)"):
+        elif op == FileOp.COPY and dst not in (None, OUTSIDE):
             self._put(dst, None, None, save)
-        elif op == "symlink":
-            self._put(path, -1, "-> " + str(e.get("target")), save)   # as the snapshot shows it
-        elif op in ("open", "truncate") or (op == "write" and e.get("killed")):
+        elif op == FileOp.SYMLINK:
+            self._put(path, -1, "-> " + str(e.target), save)   # as the snapshot shows it
+        elif op in (FileOp.OPEN, FileOp.TRUNCATE) or (op == FileOp.WRITE and e.killed):
             self.files[path] = None
-        elif op == "close":
-            self._put(path, e.get("size"), e.get("crc"), save)
-        elif op == "rename" and dst not in (None, "(outside)"):
+        elif op == FileOp.CLOSE:
+            self._put(path, e.size, e.crc, save)
+        elif op == FileOp.RENAME and dst not in (None, OUTSIDE):
             moved = [(p, _moved(p, path, dst)) for p in self.files if _under(p, path)]
             for old, new in moved:
                 self.files[new] = self.files.pop(old)
                 self.by_save[new] = self.by_save.pop(old, {})
             return moved
-        elif op in ("unlink", "rmdir", "rmtree"):
+        elif op in _REMOVALS:
             for p in [p for p in self.files if _under(p, path)]:
                 del self.files[p]
                 self.removed[p] = e
         return []
 
 
-def _file_events(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """The file events and the save records, in order: what ``saves_of`` reads."""
-    return [e for e in events if e["ev"] in (Ev.FILE, Ev.CKPT_SAVE)]
+#: The path filewatch records for a file outside the work folder (a copy's or rename's source).
+OUTSIDE = "(outside)"
 
 
-def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | None]]:
+def manifests(events: Iterable[Any]) -> dict[int, dict[str, int | None]]:
     """``{step: {path: size}}``: the files each save of a (clean) run left, by final name.
-    ``events``: the run's rank events in order (its file events and save records)."""
-    events = _file_events(events)
+    ``events``: the run's rank events in order, raw or as ``History`` records (its file events
+    and save records are read)."""
+    events = file_trail(events)
     save = saves_of(events)
     disk = Disk()
     out: dict[int, dict[str, int | None]] = {}
     for i, e in enumerate(events):
-        if e["ev"] != Ev.FILE or save.get(i) is None:
+        if not isinstance(e, FileEvent) or save.get(i) is None:
             continue
         before = dict(disk.files)
         for old, new in disk.apply(e, save[i]):
             got = disk.files[new]
             if got is not None and got[2] in out:
                 out[got[2]][new] = out[got[2]].pop(old, got[0])
-        target = e.get("dst") if e["path"] == "(outside)" else e["path"]
-        if e["op"] in ("close", "symlink") or (e["op"] == "open" and e.get("raw")) or \
-                (e["op"] in ("copy", "rename") and e["path"] == "(outside)"):
+        target = e.dst if e.path == OUTSIDE else e.path
+        if e.op in (FileOp.CLOSE, FileOp.SYMLINK) or (e.op == FileOp.OPEN and e.raw) or \
+                (e.op in (FileOp.COPY, FileOp.RENAME) and e.path == OUTSIDE):
             got = disk.files.get(target)
             if got is not None:
-                out.setdefault(got[2], {})[target] = got[0] if e["op"] == "close" else None
-        elif e["op"] in ("unlink", "rmdir", "rmtree"):
+                out.setdefault(got[2], {})[target] = got[0] if e.op == FileOp.CLOSE else None
+        elif e.op in _REMOVALS:
             for p, got in before.items():     # written and removed by one save: a temporary
                 if p not in disk.files and got is not None and got[2] == save[i]:
                     out.get(got[2], {}).pop(p, None)
@@ -186,7 +190,7 @@ def manifests(events: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, int | 
     return {k: v for k, v in out.items() if v}
 
 
-def _logs(events: Sequence[Mapping[str, Any]]) -> set[str]:
+def _logs(events: Trail) -> set[str]:
     """Files a rank writes as it trains, not as it saves (a log, a metrics file): closed in two
     different steps between two of its recorded saves (a save writes each of its files once),
     or, by a rank that records no saves, closed both in a step where it closed nothing else and
@@ -195,15 +199,15 @@ def _logs(events: Sequence[Mapping[str, Any]]) -> set[str]:
     seen: dict[tuple[int, int], dict[str, int]] = {}   # (gen, rank) -> path -> step closed
     closed: dict[tuple[int, int, int], set[str]] = {}  # (gen, rank, step) -> paths closed
     for e in events:
-        key = (e["gen"], e["rank"])
-        if e["ev"] == Ev.CKPT_SAVE:
+        key = (e.gen, e.rank)
+        if isinstance(e, Saved):
             seen[key] = {}
-        elif e["op"] == "close" and e.get("at_step") is not None:
-            closed.setdefault((*key, e["at_step"]), set()).add(e["path"])
+        elif e.op == FileOp.CLOSE and e.at_step is not None:
+            closed.setdefault((*key, e.at_step), set()).add(e.path)
             if key in seen:
-                first = seen[key].setdefault(e["path"], e["at_step"])
-                if first != e["at_step"]:
-                    out.add(e["path"])
+                first = seen[key].setdefault(e.path, e.at_step)
+                if first != e.at_step:
+                    out.add(e.path)
     alone: set[tuple[int, int, str]] = set()
     together: set[tuple[int, int, str]] = set()
     for (gen, rank, _), paths in closed.items():
@@ -214,13 +218,13 @@ def _logs(events: Sequence[Mapping[str, Any]]) -> set[str]:
     return out | {path for gen, rank, path in alone & together}
 
 
-def written(events: Iterable[Mapping[str, Any]]) -> Disk:
-    """The work folder as a run's rank events (in order) leave it."""
-    events = _file_events(events)
+def written(events: Iterable[Any]) -> Disk:
+    """The work folder as a run's rank events (in order, raw or as records) leave it."""
+    events = file_trail(events)
     save = saves_of(events)
     disk = Disk()
     for i, e in enumerate(events):
-        if e["ev"] == Ev.FILE:
+        if isinstance(e, FileEvent):
             disk.apply(e, save.get(i))
     return disk
 
@@ -257,7 +261,7 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
             mine = done.by_save.get(path, {}).get(k)
             if have is None:
                 gone = done.removed.get(path) if path not in done.files else None
-                how = f"removed by `{gone['op']} {gone['path']}` in step {gone.get('at_step')}" \
+                how = f"removed by `{gone.op} {gone.path}` in step {gone.at_step}" \
                     if gone is not None else "missing"
                 missing.setdefault((os.path.dirname(path), how), []).append(path)
             elif path in done.files and last is None:
@@ -292,15 +296,15 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
     return out
 
 
-def describe_crash(events: Iterable[Mapping[str, Any]]) -> str | None:
+def describe_crash(events: Iterable[Any]) -> str | None:
     """``rank 0 was killed before `rename a -> b` (file event 14 in step 9)``, or None."""
-    for e in events:
-        if e.get("killed"):
-            what = f"`{e['op']} {e['path']}" + (f" -> {e['dst']}`" if e.get("dst") else "`")
-            how = (f"after {e.get('tear_bytes') or 'half the'} bytes of" if e["killed"] == "torn"
+    for e in file_trail(events):
+        if isinstance(e, FileEvent) and e.killed:
+            what = f"`{e.op} {e.path}" + (f" -> {e.dst}`" if e.dst else "`")
+            how = (f"after {e.tear_bytes or 'half the'} bytes of" if e.killed == "torn"
                    else "before")
-            return f"rank {e['rank']} was killed {how} {what} (file event {e.get('n')} since " \
-                   f"the kill was armed, in step {e.get('at_step')})"
+            return f"rank {e.rank} was killed {how} {what} (file event {e.n} since " \
+                   f"the kill was armed, in step {e.at_step})"
     return None
 
 
@@ -308,18 +312,16 @@ def _resumed_from(history: History, gen: int) -> tuple[list[int | None], str]:
     """The steps whose state generation ``gen``'s ranks loaded before their first step (None:
     from scratch), one per rank that recorded a load, else the generation's declared resume."""
     first_begin: dict[int, int] = {}
-    for i, e in enumerate(history.rank_events(gen=gen)):
-        if e["ev"] == Ev.BEGIN:
-            first_begin.setdefault(e["rank"], i)
-    events = history.rank_events(gen=gen)
+    for a in history.attempts(gen):
+        first_begin.setdefault(a.rank, a.begin_index)
     loads = {}
-    for i, e in enumerate(events):
-        if e["ev"] == Ev.CKPT_LOAD and i < first_begin.get(e["rank"], len(events)):
-            loads.setdefault(e["rank"], e)
+    for c in history.checkpoints("load", gen=gen):
+        if c.index < first_begin.get(c.rank, len(history.events)):
+            loads.setdefault(c.rank, c)
     g = history.generations[gen]
     if loads:
-        steps = [int(e["step"]) for _, e in sorted(loads.items())]
-        source = next((str(e.get("source")) for e in loads.values() if e.get("source")),
+        steps = [c.step for _, c in sorted(loads.items())]
+        source = next((str(c.info.get("source")) for c in loads.values() if c.info.get("source")),
                       g.resume_source or "checkpoint")
         return steps, source
     if g.resume_step is None or g.resume_step <= 0:
@@ -336,17 +338,16 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     when the one before it ended. ``manifests_at(roles)``: ``manifests`` of the clean reference
     run with those ranks (a save's files depend on the world size); it raises ``LookupError``
     saying why when there is none."""
-    replay = history.replay
     try:
         wanted = _wanted(history, manifests_at)
     except LookupError as e:
-        return Verdict.unknown(CHECK, str(e), replay=replay)
+        return Verdict.unknown(CHECK, str(e))
     if not wanted:
         return Verdict.unknown(CHECK, "the clean reference run wrote no file under the work "
                                "folder (run.workdir): the workload's checkpoints are elsewhere, "
-                               "where the probe does not watch", replay=replay)
+                               "where the probe does not watch")
     gens = sorted(history.generations)
-    files = _file_events(history.rank_events())
+    files = history.file_trail()
     save = saves_of(files)
     wanted = {**_unmatched(wanted, files, save), **wanted}
     problems: list[str] = []
@@ -364,16 +365,16 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                           "agents restarted the ranks themselves, or the scenario did not "
                           "record files)")
             continue
-        upto = [e for e in files if e["gen"] <= g]
-        reached = {save[i] for i, e in enumerate(files) if e["gen"] <= g and i in save} | {
+        upto = [e for e in files if e.gen <= g]
+        reached = {save[i] for i, e in enumerate(files) if e.gen <= g and i in save} | {
             k for x in gens if x <= g for k in history.begun(x)}   # its saves, the steps it began
         state = judge_disk(disk, {k: v for k, v in wanted.items() if k in reached},
                            written(upto))
-        crash = describe_crash(e for e in upto if e["gen"] == g and e["ev"] == Ev.FILE)
+        crash = describe_crash(e for e in upto if e.gen == g)
         ended = history.generations[g]
         when = f"when generation {g} ended ({ended.cause or 'unknown'}" + \
             (f": {crash})" if crash else ")")
-        last = max((k for i, k in save.items() if files[i]["gen"] == g and k is not None),
+        last = max((k for i, k in save.items() if files[i].gen == g and k is not None),
                    default=None)
         if ended.planned and last in state.problems:
             problems.append(f"generation {g} ended as planned ({ended.cause}) after its save of "
@@ -443,13 +444,12 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     if problems:
         return Verdict.failed(CHECK, problems[0] + (f" (and {len(problems) - 1} more)"
                                                      if len(problems) > 1 else ""),
-                              details={"problems": problems}, replay=replay)
+                              details={"problems": problems})
     if cannot:
-        return Verdict.unknown(CHECK, "; ".join(cannot), details={"judged": judged},
-                               replay=replay)
+        return Verdict.unknown(CHECK, "; ".join(cannot), details={"judged": judged})
     if not judged:
-        return Verdict.passed(CHECK, "no generation resumed from the work folder", replay=replay)
-    return Verdict.passed(CHECK, "; ".join(judged), replay=replay)
+        return Verdict.passed(CHECK, "no generation resumed from the work folder")
+    return Verdict.passed(CHECK, "; ".join(judged))
 
 
 def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
@@ -457,10 +457,10 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
     """Each save's files, from the clean run at the topology of the generation that made it."""
     roles_of = {g: tuple(gen.roles) for g, gen in history.generations.items()}
     made_at: dict[int, tuple[str, ...]] = {}       # step -> the ranks that saved it
-    files = _file_events(history.rank_events())
+    files = history.file_trail()
     for i, k in saves_of(files).items():
-        if k is not None and files[i]["gen"] in roles_of:
-            made_at[k] = roles_of[files[i]["gen"]]
+        if k is not None and files[i].gen in roles_of:
+            made_at[k] = roles_of[files[i].gen]
     first = tuple(history.generations[min(history.generations)].roles) \
         if history.generations else ()
     out: dict[int, Mapping[str, int | None]] = {}
@@ -471,20 +471,21 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
     return out
 
 
-def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Sequence[Mapping[str, Any]],
+def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Trail,
                save: Mapping[int, int | None]) -> dict[int, dict[str, int | None]]:
     """What the run's saves that the clean run does not make (a planned exit's) should hold: the
     files of the clean run's save before it, moved into the folder that save created."""
     made: dict[int, list[str]] = {}
     for i, e in enumerate(files):
+        if not isinstance(e, FileEvent):
+            continue
         k = save.get(i)
-        if k is not None and k not in wanted and e["op"] == "mkdir" and \
-                e["path"] not in made.get(k, []):
-            made.setdefault(k, []).append(e["path"])
-        elif e["ev"] == Ev.FILE and e["op"] == "rename" and e.get("dst") and \
-                e.get("killed") != "before":   # .tmp -> final
+        if k is not None and k not in wanted and e.op == FileOp.MKDIR and \
+                e.path not in made.get(k, []):
+            made.setdefault(k, []).append(e.path)
+        elif e.op == FileOp.RENAME and e.dst and e.killed != "before":   # .tmp -> final
             for folders in made.values():
-                folders[:] = [_moved(d, e["path"], e["dst"]) if _under(d, e["path"]) else d
+                folders[:] = [_moved(d, e.path, e.dst) if _under(d, e.path) else d
                               for d in folders]
     out: dict[int, dict[str, int | None]] = {}
     known = {p.rsplit("/", 1)[0] for files_ in wanted.values() for p in files_ if "/" in p}
@@ -506,9 +507,9 @@ def _unreadable(history: History, gens: Sequence[int], disk: Mapping[str, Sequen
     the files read before it (`latest`, which pointed there)."""
     before: list[str] = []
     for e in history.file_events():
-        if e["gen"] not in gens or e["op"] != "read":
+        if e.gen not in gens or e.op != FileOp.READ:
             continue
-        path = e["path"]
+        path = e.path
         have, last = disk.get(path), done.files.get(path)
         after = f"`{before[-1]}` and then " if before else ""
         if have is None and path not in done.files and \
@@ -545,6 +546,6 @@ def _check(ctx: CheckContext) -> Verdict:
         if clean.history is None or clean.broken:
             raise LookupError(clean.broken or "no clean reference run (the history is judged on "
                               "its own), so what a complete checkpoint holds is unknown")
-        return manifests(clean.history.rank_events())
+        return manifests(clean.history.file_trail())
 
     return crash_consistency(ctx.history, manifests_at)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from pytest_reshard.checkers._text import _clean_first, _fault_before, _never_started, _ranges
+from pytest_reshard.checkers._text import _fault_before, _ranges
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History, Occurrence
@@ -74,19 +74,17 @@ def _duplicates(uses: dict[_Key, list[_Use]],
 def exactly_once_samples(history: History, *, reference: History | None = None) -> Verdict:
     """Every (epoch, sample) of the kept steps is consumed once (or as often as in the clean
     reference run, at the same steps); with a reference, none is lost."""
-    check, replay = "exactly_once_samples", history.replay
-    never = _never_started(history)
+    check = "exactly_once_samples"
+    never = history.never_started()
     if never is not None:
-        return Verdict.unknown(check, never, replay=replay)
+        return Verdict.unknown(check, never)
     kept = history.kept()
     if not history.has_samples():
         if not kept:
             return Verdict.unknown(check, "no step completed on every rank (nothing was kept), "
-                                   "so no sample consumption to check (see liveness)",
-                                   replay=replay)
+                                   "so no sample consumption to check (see liveness)")
         return Verdict.unknown(check, f"the {len(kept)} kept steps recorded no sample ids; call "
-                               "s.record(samples=batch_ids) as soon as the batch is drawn",
-                               replay=replay)
+                               "s.record(samples=batch_ids) as soon as the batch is drawn")
     uses = _uses(history, kept)
     last = max((o.step for o in kept), default=-1)
     covered = sorted({o.step for o in kept})
@@ -123,7 +121,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
              "again": [b.step, b.gen, rb]} for k, (a, ra), (b, rb), _ in dups[:20]]
         return Verdict.failed(check, text, step=o2.step, rank=r2, generation=o2.gen,
                               fault=_fault_before(history, o2.gen) if o2.gen != o1.gen else None,
-                              details=details, replay=replay)
+                              details=details)
     over = f"over {len(kept)} kept steps (steps {_ranges(covered)})"
     total = sum(len(v) for v in uses.values())
     once = f"{len(consumed)} samples consumed exactly once {over}"
@@ -133,7 +131,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                 "record epoch= to count epochs apart)")
     if reference is None or ref_uses is None:
         return _coverage(history, check, f"{once} (no reference: lost samples not checked)",
-                         last, None, details, replay)
+                         last, None, details)
     # Per role: in a pipeline a sample its targets made but no drafter trained on is lost.
     # A sample is lost when the run consumed it fewer times than the reference did by the same
     # step (with unrecorded epochs, a sample dropped in one epoch is still seen in another).
@@ -156,7 +154,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
             f"that ended, but every one of them was drawn by an attempt that died after its "
             f"backward (first: sample {lost[0][2]}, {unsure[(lost[0][1], lost[0][2])]}): its "
             "gradient may have reached the quorum's update, so whether they were trained cannot "
-            "be told from the history", details={**details, "lost": len(lost)}, replay=replay)
+            "be told from the history", details={**details, "lost": len(lost)})
     lost = [k for k in lost if (k[1], k[2]) not in unsure]
     details["lost"] = len(lost)
     details["not_in_reference"] = len(set(uses) - set(ref_uses))  # a data-order change, not a loss
@@ -194,9 +192,9 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         details["lost_samples"] = [[r_, e_, s_] for r_, e_, s_ in lost[:50]]
         gen = where.gen if where else None
         return Verdict.failed(check, text, step=expected[lost[0]], generation=gen,
-                              details=details, replay=replay)
+                              details=details)
     return _coverage(history, check, f"{once}, none of the reference's lost", last, reference,
-                     details, replay)
+                     details)
 
 
 def _maybe_trained(history: History) -> dict[tuple[int, int], str]:
@@ -218,7 +216,7 @@ def _maybe_trained(history: History) -> dict[tuple[int, int], str]:
 
 
 def _coverage(history: History, check: str, summary: str, last: int, reference: History | None,
-              details: dict[str, Any], replay: str | None) -> Verdict:
+              details: dict[str, Any]) -> Verdict:
     """Pass when the kept steps reach the end (the reference's last step, else the scenario's);
     ``unknown`` about the steps a run that stopped early never ran."""
     ends = [o.step for o in reference.kept()] if reference is not None else []
@@ -227,8 +225,8 @@ def _coverage(history: History, check: str, summary: str, last: int, reference: 
         details["not_reached"] = _ranges(range(last + 1, end + 1))
         return Verdict.unknown(check, f"the run stopped at step {last}: the samples of steps "
                                f"{_ranges(range(last + 1, end + 1))} were never checked; "
-                               f"{summary}", step=last + 1, details=details, replay=replay)
-    return Verdict.passed(check, summary, details=details, replay=replay)
+                               f"{summary}", step=last + 1, details=details)
+    return Verdict.passed(check, summary, details=details)
 
 
 @register("exactly_once_samples", column="samples", assertion="assert_exactly_once",
@@ -237,7 +235,7 @@ def _coverage(history: History, check: str, summary: str, last: int, reference: 
 def _check(ctx: CheckContext) -> Verdict:
     """Against the session's clean run at the first topology; unknown, with the reason, when a
     clean run did not finish (or the run never started, so none was run)."""
-    reference, broken = _clean_first(ctx)
+    reference, broken = ctx.clean_first()
     if broken:
         return Verdict.unknown("exactly_once_samples", broken)
     return exactly_once_samples(ctx.history, reference=reference)

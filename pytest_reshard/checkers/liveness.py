@@ -9,14 +9,16 @@ clean reference run fails is a failure of the workload, said first.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_reshard.checkers._text import (_clean_first, _log_tail, _never_started, _ranges,
-                                          _summarise)
-from pytest_reshard.checkers.context import CheckContext
+from pytest_reshard.checkers._text import _log_tail, _ranges, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.history import Detection, History
-from pytest_reshard.verdict import Verdict
+from pytest_reshard.contract import Cause, Detected
+from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
+from pytest_reshard.verdict import FAIL, PASS, Verdict
+
+if TYPE_CHECKING:  # the context asks liveness whether a clean run finished
+    from pytest_reshard.checkers.context import CheckContext
 
 
 def _at(d: Detection) -> str:
@@ -35,25 +37,25 @@ def _what(d: Detection) -> str:
     who = f"rank {d.rank}" if d.rank is not None else "a rank"
     at, code = _at(d), _code(d)
     return {
-        "died": f"{who} died{code} {at}",
-        "stopped": f"{who} stopped responding {at}",
-        "stalled": f"{who} stalled {at}: alive, but no progress",
-        "exited_early": f"{who} exited early{code} {at}, before the run finished",
-        "oom": d.detail or f"{who} exceeded its memory budget {at}",
+        Detected.DIED: f"{who} died{code} {at}",
+        Detected.STOPPED: f"{who} stopped responding {at}",
+        Detected.STALLED: f"{who} stalled {at}: alive, but no progress",
+        Detected.EXITED_EARLY: f"{who} exited early{code} {at}, before the run finished",
+        Detected.OOM: d.detail or f"{who} exceeded its memory budget {at}",
     }.get(d.kind, f"{who} {d.kind} {at}")
 
 
 def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False) -> str:
-    tail = _log_tail(run_dir, d.gen, d.rank) if log and d.rank is not None else \
-        f"; read its log, logs/g{d.gen}-r{d.rank}.log in the run folder"
+    tail = _log_tail(run_dir if log and d.rank is not None else None, d.gen, d.rank)
     return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
 
 
 def _short(d: Detection) -> str:
     """``rank 2 exited at step 15``: a detection in a few words."""
     where = f"at step {d.step}" if d.step is not None else "before its first step"
-    verb = {"died": f"died{_code(d)}", "exited_early": "exited", "stopped": "stopped responding",
-            "stalled": "stalled", "oom": "passed its memory budget"}.get(d.kind, d.kind)
+    verb = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: "exited",
+            Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled",
+            Detected.OOM: "passed its memory budget"}.get(d.kind, d.kind)
     return f"rank {d.rank} {verb} {where}"
 
 
@@ -70,9 +72,9 @@ def _never_started_problem(history: History, run_dir: Path | None) -> dict[str, 
                 "checkpoint)" if attached else "before it called probe.attach(): a syntax error, "
                 "an exception at import, or a script that never attaches")
         who = f"rank {d.rank}" if d.rank is not None else "a rank"
-        verb = {"died": f"died{_code(d)}", "exited_early": f"exited{_code(d)}",
-                "stopped": "stopped responding", "stalled": "stalled (no progress)",
-                "oom": "passed its memory budget"}.get(d.kind, d.kind)
+        verb = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: f"exited{_code(d)}",
+                Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled (no progress)",
+                Detected.OOM: "passed its memory budget"}.get(d.kind, d.kind)
         text = (f"the run never started: {who} {verb} before its first step, {when} "
                 f"(generation {d.gen}){_log_tail(run_dir, d.gen, d.rank) if d.rank is not None else ''}")
         return {"message": text, "step": None, "rank": d.rank, "generation": d.gen,
@@ -97,7 +99,6 @@ def _never_started_problem(history: History, run_dir: Path | None) -> dict[str, 
 
 
 def _preempt_kinds() -> set[str]:
-    from pytest_reshard.contract import Cause
     from pytest_reshard.schedule import kinds
 
     out = {"preempt"}
@@ -126,21 +127,20 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
             continue  # the scheduler's SIGTERM never reached it: see _sigterm_unseen
         seen, landed, arrived, limit, after = False, False, f.step, f.step, set()
         begun = ended = None
-        for e in history.rank_events(gen=f.gen, rank=f.rank):
-            if seen and e["ev"] == "start":
+        for e in history.timeline(gen=f.gen, rank=f.rank):
+            if seen and isinstance(e, Started):
                 break  # a new process of this rank (membership mode restarted its group)
-            if e["ev"] == "fault" and e.get("kind") == f.kind and e.get("step") == f.step \
-                    and e.get("phase") == f.phase:
+            if isinstance(e, FaultFired) and (e.kind, e.step, e.phase) == (f.kind, f.step, f.phase):
                 seen = True
             elif seen and not landed and _is_sigterm(e) and begun is not None:
                 landed, arrived = True, begun  # in the step begun last, or just after it ended
                 limit = begun + 1 if ended == begun else begun
-            if e["ev"] == "begin":
-                begun = int(e["step"])
+            if isinstance(e, Begun):
+                begun = e.step
                 if seen:
                     after.add(begun)
-            elif e["ev"] == "end":
-                ended = int(e["step"])
+            elif isinstance(e, Ended):
+                ended = e.step
         later = {step for step in after if step > limit}
         if later:
             n = len(later)
@@ -166,20 +166,20 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
     return problems
 
 
-def _is_sigterm(e: dict[str, Any]) -> bool:
+def _is_sigterm(e: Any) -> bool:
     """A SIGTERM the probe saw land (not the record that its flag was installed)."""
-    return e["ev"] == "signal" and e.get("signal") == "SIGTERM" and not e.get("armed")
+    return isinstance(e, Signal) and e.signal == "SIGTERM" and not e.armed
 
 
-def _delivered(history: History) -> set[tuple[int, int]]:
+def _delivered(history: History) -> set[tuple[int, Any]]:
     """(generation, fault id) of the preemptions a scheduler delivered (``deliver`` events)."""
-    return {(e["gen"], e["fault_id"]) for e in history.events if e["ev"] == "deliver"}
+    return {(d.gen, d.fault_id) for d in history.deliveries()}
 
 
-def _landed(history: History, f: Any) -> dict[str, Any] | None:
+def _landed(history: History, f: Any) -> Signal | None:
     """The first SIGTERM that landed on the fault's rank after the fault fired."""
-    return next((e for e in history.rank_events(gen=f.gen, rank=f.rank)
-                 if _is_sigterm(e) and e["t"] >= (f.t or 0.0)), None)
+    return next((s for s in history.signals(gen=f.gen, rank=f.rank)
+                 if _is_sigterm(s) and s.t >= (f.t or 0.0)), None)
 
 
 def _sigterm_unseen(history: History) -> list[str]:
@@ -191,13 +191,12 @@ def _sigterm_unseen(history: History) -> list[str]:
     for f in history.faults_fired():
         if (f.gen, f.id) not in delivered or _landed(history, f) is not None:
             continue
-        events = history.rank_events(gen=f.gen, rank=f.rank)
-        armed = any(e["ev"] == "signal" and e.get("armed") for e in events)
-        exits = [e for e in events if e["ev"] == "exit"]
-        if armed and exits and not exits[-1].get("sigterm_replaced"):
+        armed = any(s.armed for s in history.signals(gen=f.gen, rank=f.rank))
+        exits = history.exits(gen=f.gen, rank=f.rank)
+        if armed and exits and not exits[-1].sigterm_replaced:
             continue  # the probe's flag was on until it exited: no SIGTERM landed before that
         why = ("its SIGTERM flag was replaced by another handler" if exits and
-               exits[-1].get("sigterm_replaced") else "it never called run.stop_requested()"
+               exits[-1].sigterm_replaced else "it never called run.stop_requested()"
                if not armed else "it exited without run.close()")
         out.append(f"rank {f.rank} recorded no SIGTERM after the scheduler was asked to preempt "
                    f"generation {f.gen} ({why}), so whether it trained on after one landed is "
@@ -209,7 +208,7 @@ def _unfired_reason(history: History, fault: Any, u: Any) -> str:
     """Why a scheduled fault never fired, from what the history shows."""
     phase = fault.get("phase") if fault else None
     step = fault.get("step") if fault else None
-    marked = {e.get("phase") for e in history.rank_events("point")}
+    marked = history.marked_phases()
     if phase not in (None, "begin", "end") and phase not in marked:
         return (f"no rank ever marked the point {phase!r}; does the workload call "
                 f"s.point({phase!r})?")
@@ -235,17 +234,16 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
 
     ``run_dir``: the run's folder; when given, a failing rank's message ends with the last lines
     of its log (``logs/g{gen}-r{rank}.log``)."""
-    check, replay = "liveness", history.replay
+    check = "liveness"
     folder = Path(run_dir) if run_dir is not None else None
     final = history.final_generation
     if final is None:
-        return Verdict.unknown(check, "the history has no generation: no rank recorded anything",
-                               replay=replay)
-    if _never_started(history) is not None:
+        return Verdict.unknown(check, "the history has no generation: no rank recorded anything")
+    if history.never_started() is not None:
         p = _never_started_problem(history, folder)
         problems = [p]
         for u in history.unfired():
-            desc = history.describe_fault(u.get("fault_id")) or "a scheduled fault"
+            desc = history.describe_fault(u.fault_id) or "a scheduled fault"
             problems.append({"message": f"fault {desc} never fired: the run never began a step",
                              "step": None, "rank": None, "generation": None, "fault": desc})
         details = {"problems": [x["message"] for x in problems], "never_started": True,
@@ -254,13 +252,13 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
                                f"{'s' if len(problems) > 2 else ''} never fired)"
                                if len(problems) > 1 else "")
         return Verdict.failed(check, text, step=None, rank=p["rank"], generation=p["generation"],
-                              details=details, replay=replay)
+                              details=details)
     problems: list[dict[str, Any]] = []
     logged = False
     for d in history.detections():
         if not d.expected:
             # The first rank that raised (a positive exit code) shows the end of its log once.
-            show = not logged and d.kind == "died" and (d.exit_code or 0) > 0
+            show = not logged and d.kind == Detected.DIED and (d.exit_code or 0) > 0
             logged = logged or show
             problems.append({"message": _describe_detection(d, folder, log=show), "step": d.step,
                              "rank": d.rank, "generation": d.gen, "fault": None})
@@ -273,7 +271,7 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
         anyone_ended = bool(history.ended(g))
         for r in range(gen.world_size):
             if r not in starts and (g, r) not in detected and (
-                    anyone_ended or gen.cause in (None, "complete", "reshard", "preempt")):
+                    anyone_ended or gen.cause in (None, Cause.COMPLETE, Cause.RESHARD, Cause.PREEMPT)):
                 problems.append({"message": f"rank {r} of generation {g} never recorded a start: it "
                                  "never called probe.attach() (it died before, or was never "
                                  "launched)", "step": None, "rank": r, "generation": g,
@@ -283,13 +281,13 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
         for r in history.ended_by(final.gen, s):
             ended_by[r] = max(ended_by.get(r, -1), s)
     if ended_by:
-        began = {int(e["rank"]) for e in history.rank_events("begin", gen=final.gen)}
+        began = {s.rank for s in history.step_spans(gen=final.gen)}
         for r in range(final.world_size):
             if r in ended_by or (final.gen, r) in fired_ranks or r not in history.starts(final.gen):
                 continue
             others = ", ".join(str(x) for x in sorted(ended_by))
-            errors = history.rank_events("error", gen=final.gen, rank=r)
-            last = (f"; its last error: {errors[-1].get('error')} at step {errors[-1]['step']}"
+            errors = history.errors(gen=final.gen, rank=r)
+            last = (f"; its last error: {errors[-1].error} at step {errors[-1].step}"
                     if errors else "")
             role = history.role(final.gen, r)
             state = ("it died silently or sits idle" if r in began else
@@ -299,36 +297,33 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
                              f"{max(ended_by.values())}: {state}{last}",
                              "step": None, "rank": r, "generation": final.gen, "fault": None})
     for u in history.unfired():
-        fid = u.get("fault_id")
+        fid = u.fault_id
         fault = history.scenario.fault(fid) if history.scenario else None
         desc = history.describe_fault(fid) or "a scheduled fault"
         why = _unfired_reason(history, fault, u)
-        detail = str(u.get("detail") or "")
+        detail = str(u.detail or "")
         extra = f" ({detail})" if detail and detail not in desc else ""
         problems.append({"message": f"fault {desc} never fired: {why}{extra}",
                          "step": fault.get("step") if fault else None, "rank": None,
                          "generation": None, "fault": desc})
-    for e in history.events:
-        if e["ev"] == "abort":
-            problems.append({"message": f"the supervisor {e.get('detail', 'aborted the run')}",
-                             "step": None, "rank": None, "generation": None, "fault": None})
+    for a in history.aborts():
+        detail = a.detail if a.detail is not None else "aborted the run"
+        problems.append({"message": f"the supervisor {detail}",
+                         "step": None, "rank": None, "generation": None, "fault": None})
     for g, gen in history.generations.items():
-        if gen.cause == "timeout":
+        if gen.cause == Cause.TIMEOUT:
             problems.append({"message": f"the run hit its timeout in generation {g}"
                              f"{': ' + gen.detail if gen.detail else ''}; raise timeout= if the "
                              "workload is only slow, else look for a hang", "step": None,
                              "rank": None, "generation": g, "fault": None})
-    scenario = history.scenario
-    target = scenario.steps - 1 if scenario else None
+    target = history.target_step()
     committed = history.committed(final.gen)
-    carried = (final.resume_step is not None and target is not None and final.resume_step > target
-               and any(o.step == target for o in history.kept()))  # done before, resumed past it
-    if target is not None and target >= 0 and target not in committed and not carried:
+    if target is not None and not history.reached_target():
         reached = (f"last committed step {max(committed)}" if committed else "no step committed")
         said = final.detail and any(final.detail in p["message"] for p in problems)
         how = (f"; generation {final.gen} ended by {final.cause}"
                f"{': ' + final.detail if final.detail and not said else ''}"
-               if final.cause and final.cause != "timeout" else "")
+               if final.cause and final.cause != Cause.TIMEOUT else "")
         problems.append({"message": f"the run did not reach its target: step {target} never "
                          f"committed in the final generation {final.gen} ({reached}){how}",
                          "step": target, "rank": None, "generation": final.gen,
@@ -340,22 +335,32 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
         return Verdict.failed(check, _summarise([p["message"] for p in problems]),
                               step=first["step"], rank=first["rank"],
                               generation=first["generation"], fault=first["fault"],
-                              details=details, replay=replay)
+                              details=details)
     if target is None:
         return Verdict.unknown(check, "no scenario record, so the target step is unknown; nothing "
-                               "else went wrong", details=details, replay=replay)
+                               "else went wrong", details=details)
     unseen = _sigterm_unseen(history)
     if unseen:
-        return Verdict.unknown(check, _summarise(unseen), details=details, replay=replay)
+        return Verdict.unknown(check, _summarise(unseen), details=details)
     return Verdict.passed(check, f"reached step {target} in generation {final.gen}; "
                           f"{len(history.detections())} detections, all explained by scheduled "
-                          "faults; every scheduled fault fired", details=details, replay=replay)
+                          "faults; every scheduled fault fired", details=details)
+
+
+def clean_problem(h: History) -> str | None:
+    """Why a clean (fault-free) run cannot be compared with: the first problem liveness finds
+    in it (None: it passed)."""
+    v = liveness(h)
+    if v.status == PASS:
+        return None
+    problems = v.details.get("problems") or [v.message]
+    return str(problems[0])
 
 
 def clean_failure(h: History) -> str | None:
     """What went wrong in a clean (fault-free) run, in a few words (None: it passed liveness)."""
     v = liveness(h)
-    if v.status != "fail":
+    if v.status != FAIL:
         return None
     unexpected = sorted((d for d in h.detections() if not d.expected), key=lambda d: d.t or 0.0)
     if unexpected:
@@ -371,10 +376,10 @@ def _check(ctx: CheckContext) -> Verdict:
     """The run's own liveness; first, when the clean reference run fails too, that the workload
     fails without any fault (no reference is run for a run that never began a step)."""
     v = liveness(ctx.history, run_dir=ctx.history.run_dir)
-    if _never_started(ctx.history) is not None or not ctx.has_references:
+    if ctx.history.never_started() is not None or not ctx.has_references:
         return v
     try:
-        reference, _ = _clean_first(ctx)
+        reference, _ = ctx.clean_first()
     except Exception:  # noqa: BLE001 - a clean run that cannot start: its checkers say so
         return v
     for h in (reference,):
@@ -385,10 +390,10 @@ def _check(ctx: CheckContext) -> Verdict:
         size = h.scenario.world_size if h.scenario else (gens[min(gens)].world_size if gens else "?")
         text = (f"the workload fails without any fault (reference run at {size} ranks: {what}); "
                 "fix that before chaos testing")
-        if v.status != "pass":
+        if v.status != PASS:
             text += f"; this run: {v.message}"
         details = dict(v.details)
         details["clean_run_fails"] = what
         return Verdict.failed("liveness", text, step=v.step, rank=v.rank, generation=v.generation,
-                              fault=v.fault, details=details, replay=ctx.history.replay)
+                              fault=v.fault, details=details)
     return v

@@ -227,19 +227,19 @@ def loss_continuity(history: History, *, references: Iterable[History] | Mapping
         f"{groups} replica groups (a smaller global batch than the clean run's), so the clean run "
         f"cannot judge the losses from step {reduced[0]} on; the run {what}: {verdict.message}",
         step=reduced[0], details={**verdict.details, "reduced_steps": reduced,
-                                  "verdict_before": verdict.status}, replay=verdict.replay)
+                                  "verdict_before": verdict.status})
 
 
 def _judge(history: History, *, references: Iterable[History] | Mapping[Any, History],
            reference: History | None, deterministic: bool | None) -> Verdict:
-    check, replay = "loss_continuity", history.replay
+    check = "loss_continuity"
     given = [] if isinstance(references, Mapping) else list(references)
     if reference is not None:
         given.insert(0, reference)
     if not given and not (isinstance(references, Mapping) and references):
         return Verdict.unknown(check, "no reference run to compare with: pass references=[History "
                                "of a fault-free run with the same seed and data order at each "
-                               "world size the run used]", replay=replay)
+                               "world size the run used]")
     refs: dict[Topology, dict[int, float]] = {}
     if isinstance(references, Mapping):   # keyed by the roles they were asked for
         for key, h in references.items():
@@ -248,11 +248,11 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
         refs.setdefault(_topology_of(h), _losses(h))
     if not any(refs.values()) or any(not v for v in refs.values()):
         return Verdict.unknown(check, "the reference run recorded no loss; call "
-                               "s.record(loss=loss.item()) in every step", replay=replay)
+                               "s.record(loss=loss.item()) in every step")
     run = {s: (occ, loss) for s, (occ, loss) in history.kept_losses().items()}
     if not run:
         return Verdict.unknown(check, "the run recorded no loss for any kept step; call "
-                               "s.record(loss=loss.item()) in every step", replay=replay)
+                               "s.record(loss=loss.item()) in every step")
 
     gens = history.generations
     first_gen = min(gens) if gens else min(occ.gen for occ, _ in run.values())
@@ -430,13 +430,11 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
                          f"{j.step} by {abs(j.after - j.before):.3g}, more than the clean runs "
                          f"ever moved in a step ({j.allowed:.3g})")
         return Verdict.failed(check, text, step=s, generation=occ.gen,
-                              fault=_fault_before(history, occ.gen), details=details,
-                              replay=replay)
+                              fault=_fault_before(history, occ.gen), details=details)
     if gaps:
         return Verdict.failed(check, f"no loss for kept steps {_ranges(gaps)} although the reference "
                               f"has them and the run went on to step {last}: they were skipped or "
-                              "their loss was not recorded", step=gaps[0], details=details,
-                              replay=replay)
+                              "their loss was not recorded", step=gaps[0], details=details)
 
     summary = _summary(rows, paths, topo, resume_of, exact, window)
     unknown = [r for r in rows if r.status == "unknown"]
@@ -468,12 +466,11 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
             text = (f"no clean run at {', '.join(missing) or topology_name(r.topology)} to judge "
                     f"steps {steps} against: pass the clean run at every topology the run used")
         return Verdict.unknown(check, f"{text}; {summary}", step=r.step, generation=r.occ.gen,
-                               details=details, replay=replay)
+                               details=details)
     if tail:
         return Verdict.unknown(check, f"the run stopped at step {last}: steps {_ranges(tail)} were "
-                               f"never compared; {summary}", step=last + 1, details=details,
-                               replay=replay)
-    return Verdict.passed(check, summary, details=details, replay=replay)
+                               f"never compared; {summary}", step=last + 1, details=details)
+    return Verdict.passed(check, summary, details=details)
 
 
 def _summary(rows: list[_Row], paths: Mapping[int, tuple[Topology, ...]], topo: Any,
@@ -536,7 +533,7 @@ def _check(ctx: CheckContext) -> Verdict:
     for t in topologies:
         clean = ctx.clean_reference(list(t))
         if clean.broken:
-            return Verdict.unknown("loss_continuity", clean.broken, replay=history.replay)
+            return Verdict.unknown("loss_continuity", clean.broken)
         if clean.history is None:
             return loss_continuity(history)   # no clean runs to be had: unknown, with the reason
         references[t] = clean.history

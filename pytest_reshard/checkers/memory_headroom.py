@@ -17,20 +17,20 @@ def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdi
     rank that merely came close is the warning a team never got before a torch upgrade added
     about 200 MB per GPU and ended the ranks that had the least headroom.
     """
-    check, replay = "memory_headroom", history.replay
+    check = "memory_headroom"
     scenario = next((e for e in history.events if e["ev"] == "scenario"), {})
     budget = scenario.get("memory_budget_bytes")
     if not budget:
         return Verdict.unknown(check, "no memory budget set: pass memory_budget_bytes= to "
-                               "reshard_run to check headroom", replay=replay)
+                               "reshard_run to check headroom")
     mib = 2 ** 20
     for d in history.detections():
         if d.kind == "oom":
             return Verdict.failed(check, d.detail or f"rank {d.rank} exceeded its memory budget",
-                                  step=d.step, rank=d.rank, generation=d.gen, replay=replay)
+                                  step=d.step, rank=d.rank, generation=d.gen)
     peaks = [e for e in history.events if e["ev"] == "rss"]
     if not peaks:
-        return Verdict.unknown(check, "no rank's memory was sampled", replay=replay)
+        return Verdict.unknown(check, "no rank's memory was sampled")
     top = max(peaks, key=lambda e: e["peak_bytes"])
     share = top["peak_bytes"] / budget
     where = f"rank {top['rank']} (generation {top['gen']})"
@@ -38,9 +38,9 @@ def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdi
         return Verdict.failed(check, f"{where} peaked at {top['peak_bytes'] / mib:.0f} MiB, "
                               f"{share:.0%} of its {budget / mib:.0f} MiB budget: less than "
                               f"{margin:.0%} headroom; an upgrade that adds memory would kill it",
-                              rank=top["rank"], generation=top["gen"], replay=replay)
+                              rank=top["rank"], generation=top["gen"])
     return Verdict.passed(check, f"highest peak {top['peak_bytes'] / mib:.0f} MiB on {where}, "
-                          f"{share:.0%} of the {budget / mib:.0f} MiB budget", replay=replay)
+                          f"{share:.0%} of the {budget / mib:.0f} MiB budget")
 
 
 def _applies(ctx: CheckContext) -> bool:

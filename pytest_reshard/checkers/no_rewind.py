@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_reshard.checkers._text import (_cause_phrase, _count, _fault_before, _never_started,
-                                          _ranges, _summarise)
+from pytest_reshard.checkers._text import (_cause_phrase, _count, _fault_before, _ranges,
+                                          _summarise)
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import Generation, History
@@ -23,13 +23,13 @@ from pytest_reshard.verdict import Verdict
 
 def no_rewind(history: History) -> Verdict:
     """No committed step is executed again beyond the budget, and no step is skipped."""
-    check, replay = "no_rewind", history.replay
+    check = "no_rewind"
     if not history.generations:
         return Verdict.unknown(check, "the history has no generation: no rank recorded anything; "
-                               "does the workload call probe.attach()?", replay=replay)
-    never = _never_started(history)
+                               "does the workload call probe.attach()?")
+    never = history.never_started()
     if never is not None:
-        return Verdict.unknown(check, never, replay=replay)
+        return Verdict.unknown(check, never)
     live_committed: set[int] = set()   # committed steps whose effect is still in the state
     live_ended: set[int] = set()       # steps some rank finished, still in the state
     live_begun: dict[int, int] = {}    # step -> the last generation that began it (in the lineage)
@@ -91,7 +91,7 @@ def no_rewind(history: History) -> Verdict:
         first = problems[0]
         return Verdict.failed(check, _summarise([p["message"] for p in problems]),
                               step=first["step"], generation=first["generation"],
-                              fault=first["fault"], details=details, replay=replay)
+                              fault=first["fault"], details=details)
     if members:
         text = "; ".join(f"generation {m['generation']}: {_count(m['restarts'], 'group restart')}, "
                          + (f"{len(m['replayed'])} committed steps replayed within budget "
@@ -99,19 +99,18 @@ def no_rewind(history: History) -> Verdict:
                             else "no committed step executed again") for m in members)
         if transitions:
             text += f"; {_count(len(transitions), 'generation transition')} within budget"
-        return Verdict.passed(check, f"membership: {text}", details=details, replay=replay)
+        return Verdict.passed(check, f"membership: {text}", details=details)
     if not transitions:
         return Verdict.passed(check, "no generation resumed after another: nothing replayed",
-                              details=details, replay=replay)
+                              details=details)
     lost = [t for t in transitions if t["replayed"]]
     if lost:
         text = ", ".join(f"generation {t['generation']} replayed {len(t['replayed'])} of "
                          f"budget {t['budget']}" for t in lost)
         return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')}, "
-                                     f"rewinds within budget: {text}", details=details,
-                              replay=replay)
+                                     f"rewinds within budget: {text}", details=details)
     return Verdict.passed(check, f"{_count(len(transitions), 'generation transition')} replayed no "
-                                 "committed step", details=details, replay=replay)
+                                 "committed step", details=details)
 
 
 def _membership(history: History, problems: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from pytest_reshard.checkers._text import _count, _never_started
+from pytest_reshard.checkers._text import _count
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History
@@ -19,10 +19,10 @@ def poisoned_commit(history: History) -> Verdict:
     and nothing in the loss, samples or state shows it afterwards."""
     from pytest_reshard.telemetry import FATAL_XIDS
 
-    check, replay = "poisoned_commit", history.replay
-    never = _never_started(history)
+    check = "poisoned_commit"
+    never = history.never_started()
     if never is not None:
-        return Verdict.unknown(check, never, replay=replay)
+        return Verdict.unknown(check, never)
 
     def fatal(p: Mapping[str, Any]) -> bool:
         return p.get("layer") == "compute" or p.get("kind", "dbe") == "dbe" or p.get("xid") in FATAL_XIDS
@@ -30,15 +30,13 @@ def poisoned_commit(history: History) -> Verdict:
     hits = [f for f in history.faults_fired()
             if f.kind == "ecc_error" and f.phase in PRE_UPDATE and fatal(f.params)]
     if not hits:
-        return Verdict.passed(check, "no fatal device error hit a step before its update",
-                              replay=replay)
+        return Verdict.passed(check, "no fatal device error hit a step before its update")
     bad = [f for f in hits if f.step in history.committed(f.gen)]
     details = {"hits": [[f.gen, f.rank, f.step, f.phase] for f in hits],
                "committed": [[f.gen, f.rank, f.step, f.phase] for f in bad]}
     if not bad:
         return Verdict.passed(check, f"{_count(len(hits), 'fatal device error')} hit a step before "
-                              "its update; none of those steps was committed", details=details,
-                              replay=replay)
+                              "its update; none of those steps was committed", details=details)
     f = bad[0]
     how = ("the health monitor must poll the device before the update, agree across ranks and "
            "abandon the step" if f.params.get("layer") != "compute" else
@@ -49,7 +47,7 @@ def poisoned_commit(history: History) -> Verdict:
     if len(bad) > 1:
         text += f" ({len(bad)} poisoned steps committed in all)"
     return Verdict.failed(check, text, step=f.step, rank=f.rank, generation=f.gen,
-                          fault=history.describe_fault(f.id), details=details, replay=replay)
+                          fault=history.describe_fault(f.id), details=details)
 
 
 @register("poisoned_commit", column="ecc", assertion="assert_no_poisoned_commit",

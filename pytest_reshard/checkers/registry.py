@@ -23,15 +23,17 @@ import inspect
 import keyword
 import traceback
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, TypeVar
 
-from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.verdict import Verdict
+
+if TYPE_CHECKING:  # the context is only an annotation here: it imports the checkers it runs
+    from pytest_reshard.checkers.context import CheckContext
 
 __all__ = ["Checker", "CheckFn", "RegistrationError", "register", "add", "unregister",
            "registered", "get", "by_assertion", "run_all", "columns", "RESERVED_ASSERTIONS"]
 
-CheckFn = Callable[[CheckContext], Verdict]
+CheckFn = Callable[["CheckContext"], Verdict]
 F = TypeVar("F", bound=CheckFn)
 
 #: ``Result`` methods a checker's assertion may not take.
@@ -88,21 +90,26 @@ class Checker:
         Verdict, is an ``unknown`` verdict naming the checker and what went wrong. The verdict is
         filed under this checker's name whatever ``check`` the function gave it."""
         try:
-            if not (self.name in ctx.opted_in or self.applies(ctx)):
-                return None
+            applies = self.name in ctx.opted_in or self.applies(ctx)
         except Exception as e:  # noqa: BLE001 - reported as the verdict
-            return self._broken(ctx, "deciding whether it applies raised", e)
+            return self._stamp(ctx, self._broken("deciding whether it applies raised", e))
+        if not applies:
+            return None
         try:
             v = self.fn(ctx)
         except Exception as e:  # noqa: BLE001 - reported as the verdict
-            return self._broken(ctx, "raised", e)
+            v = self._broken("raised", e)
         if not isinstance(v, Verdict):
-            return Verdict.unknown(self.name, f"checker {self.name!r} returned {v!r}, not a "
-                                   "Verdict; return Verdict.passed/failed/unknown(...)",
-                                   replay=ctx.history.replay)
-        return v if v.check == self.name else dataclasses.replace(v, check=self.name)
+            v = Verdict.unknown(self.name, f"checker {self.name!r} returned {v!r}, not a "
+                                "Verdict; return Verdict.passed/failed/unknown(...)")
+        return self._stamp(ctx, v)
 
-    def _broken(self, ctx: CheckContext, what: str, e: Exception) -> Verdict:
+    def _stamp(self, ctx: CheckContext, v: Verdict) -> Verdict:
+        """``v`` filed under this checker's name, with the command that replays the run: the
+        one place a verdict gets it (a checker's own replay, if it set one, stays)."""
+        return dataclasses.replace(v, check=self.name, replay=v.replay or ctx.history.replay)
+
+    def _broken(self, what: str, e: Exception) -> Verdict:
         frames = traceback.extract_tb(e.__traceback__)
         at = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
         return Verdict.unknown(
@@ -110,8 +117,7 @@ class Checker:
             "in the checker or a history it did not expect, so it could not decide",
             details={"exception": type(e).__name__, "error": str(e),
                      "traceback": "".join(traceback.format_exception(type(e), e,
-                                                                     e.__traceback__))},
-            replay=ctx.history.replay)
+                                                                     e.__traceback__))})
 
 
 class RegistrationError(ValueError):

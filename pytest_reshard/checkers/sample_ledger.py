@@ -33,11 +33,10 @@ def sample_ledger(history: History, *, producer: str = "target",
     """Across the queue between two roles, every kept step's consumer ranks took exactly the
     samples its producer ranks made for that step: none dropped, none delivered from another
     step (a resend after a restart), none routed twice."""
-    check, replay = "sample_ledger", history.replay
+    check = "sample_ledger"
     if not has_roles(history, producer, consumer):
         return Verdict.unknown(check, f"no generation has both {producer!r} and {consumer!r} "
-                               "ranks; the ledger checks a pipeline between those roles",
-                               replay=replay)
+                               "ranks; the ledger checks a pipeline between those roles")
     made_at: dict[tuple[int, int], list[Occurrence]] = {}
     for occ in history.kept():
         for pair in _by_role(history, occ, producer):
@@ -82,10 +81,10 @@ def sample_ledger(history: History, *, producer: str = "target",
         if len(problems) > 1:
             text += f" ({len(problems)} mismatched steps in all)"
         return Verdict.failed(check, text, step=occ.step, rank=rank, generation=occ.gen,
-                              fault=_fault_before(history, occ.gen), details=details, replay=replay)
+                              fault=_fault_before(history, occ.gen), details=details)
     return Verdict.passed(check, f"{delivered} samples crossed from {producer} to {consumer} "
                           f"ranks exactly as made, over {len(history.kept())} kept steps",
-                          details=details, replay=replay)
+                          details=details)
 
 
 @register("sample_ledger", column="ledger", assertion="assert_sample_ledger",

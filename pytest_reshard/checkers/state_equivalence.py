@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_reshard.checkers._text import _fault_before, _never_started, _previous, _summarise
+from pytest_reshard.checkers._text import _fault_before, _previous, _summarise
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import Checkpoint, History
@@ -128,10 +128,10 @@ def _epoch_starts_at(history: History, gen: int, step: int) -> bool:
 def state_equivalence(history: History) -> Verdict:
     """The state just after each load equals what was saved (or read), component by component:
     replicated components against any rank's save, per-rank ones against the same rank's."""
-    check, replay = "state_equivalence", history.replay
-    never = _never_started(history)
+    check = "state_equivalence"
+    never = history.never_started()
     if never is not None and not history.checkpoints():
-        return Verdict.unknown(check, never, replay=replay)
+        return Verdict.unknown(check, never)
     gens = history.generations
     first_gen = min(gens, default=0)
     loads = {k: r for k, r in _group(history, "load", earliest=True).items()
@@ -290,29 +290,25 @@ def state_equivalence(history: History) -> Verdict:
             text += f"; also: {_summarise([x['message'] for x in missing])}"
         details["problems"] = [m["message"], *rest]
         return Verdict.failed(check, text, step=m["step"], rank=m["rank"], generation=m["gen"],
-                              fault=_fault_before(history, m["gen"]), details=details,
-                              replay=replay)
+                              fault=_fault_before(history, m["gen"]), details=details)
     if missing:
         x = missing[0]
         details["problems"] = [p["message"] for p in missing]
         details["component"] = x["component"]
         return Verdict.failed(check, _summarise([p["message"] for p in missing]), step=x["step"],
                               rank=x["rank"], generation=x["generation"],
-                              fault=_fault_before(history, x["generation"]), details=details,
-                              replay=replay)
+                              fault=_fault_before(history, x["generation"]), details=details)
     if excused:
-        return Verdict.unknown(check, _summarise(excused), details=details, replay=replay)
+        return Verdict.unknown(check, _summarise(excused), details=details)
     if unverified:
-        return Verdict.unknown(check, f"{_summarise(unverified)}; {_ADVICE}", details=details,
-                               replay=replay)
+        return Verdict.unknown(check, f"{_summarise(unverified)}; {_ADVICE}", details=details)
     if verified:
         return Verdict.passed(check, f"{verified} loads match what was saved, component by "
-                              "component", details=details, replay=replay)
+                              "component", details=details)
     if len(gens) <= 1:
-        return Verdict.passed(check, "single generation: no reshard to check", details=details,
-                              replay=replay)
+        return Verdict.passed(check, "single generation: no reshard to check", details=details)
     return Verdict.passed(check, "no generation resumed from saved state (each started at step 0): "
-                          "no state to compare", details=details, replay=replay)
+                          "no state to compare", details=details)
 
 
 def _compare(history: History, load: _Record, common: list[str],

@@ -109,10 +109,10 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
     idle: drafter GPUs that sat at 0% utilisation while alive, after two of three drafters died
     silently). The message names the bottleneck: the role that waited least on
     the other."""
-    check, replay = "throughput", history.replay
+    check = "throughput"
     if not history.has_tokens():
         return Verdict.unknown(check, "the workload recorded no token counts; call "
-                               "s.record(tokens=n) in each step", replay=replay)
+                               "s.record(tokens=n) in each step")
     measured: list[str] = []
     failures: list[tuple[int, str, int | None]] = []
     worked = 0  # generations whose ranks' shares of the work were judged
@@ -157,15 +157,14 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
         gen, text, rank = failures[0]
         if len(failures) > 1:
             text += f" ({len(failures)} findings in all)"
-        return Verdict.failed(check, text, rank=rank, generation=gen, details=details,
-                              replay=replay)
+        return Verdict.failed(check, text, rank=rank, generation=gen, details=details)
     if not worked:
-        return Verdict.unknown(check, "no generation committed a step", replay=replay)
+        return Verdict.unknown(check, "no generation committed a step")
     bound = (f"every rate at least {min_fraction:.0%} of the clean run's" if min_fraction is not None
              else "no minimum rate declared (min_throughput=)")
     rates_text = "; ".join(measured) or "no generation ran the 3 steps a rate needs"
     return Verdict.passed(check, f"every rank of each role did its share; {bound}: {rates_text}",
-                          details=details, replay=replay)
+                          details=details)
 
 
 @register("throughput", column="tok/s", assertion="assert_throughput",

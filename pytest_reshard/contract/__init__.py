@@ -21,10 +21,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl"]
+           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl", "write_json", "encode_event"]
 
 
 class Env:
@@ -249,6 +249,24 @@ class RunDir:
         scenario records file events."""
         return self.events / f"disk-g{gen}.json"
 
+    def step_log(self, gen: int) -> Path:
+        """Every rank's output of generation ``gen`` in one file, where a scheduler runs them as
+        one job step (SLURM's ``srun``): torch prefixes a rank's lines with ``[rank<N>]:``."""
+        return self.logs / f"g{gen}-slurm.log"
+
+    @property
+    def telemetry(self) -> Path:
+        """The device-health counts the harness injects, ``g{gen}-r{rank}.json``
+        (``telemetry.injected_path``)."""
+        return self.root / "telemetry"
+
+    def telemetry_counts(self, gen: int, rank: int) -> Path:
+        return self.telemetry / f"g{gen}-r{rank}.json"
+
+    def plot(self, name: str) -> Path:
+        """A PNG plot beside the report (``loss``, ``timeline``)."""
+        return self.root / f"{name}.png"
+
 
 @dataclass(frozen=True)
 class Torn:
@@ -265,6 +283,13 @@ def write_json(path: Path, data: Any, *, indent: int | None = None) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=indent))
     os.replace(tmp, path)
+
+
+def encode_event(fields: Mapping[str, Any]) -> bytes:
+    """One event as the line every writer appends (the probe, the supervisor, the hub): compact
+    JSON and a newline, for a single ``os.write`` on an ``O_APPEND`` file (a SIGKILL tears at most
+    this line, which ``read_jsonl`` tolerates)."""
+    return (json.dumps(fields, separators=(",", ":")) + "\n").encode()
 
 
 def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:

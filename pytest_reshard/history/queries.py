@@ -19,7 +19,8 @@ from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery
                                             Occurrence, RankMemory, RankRecord, RssSample,
                                             ScenarioRecord, Signal, StepError, StepSpan, Exit,
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
-                                            as_enum, decode, fault_fired, file_event)
+                                            Begun, Saved, as_enum, decode, fault_fired,
+                                            file_event, file_trail)
 
 __all__ = ["History"]
 
@@ -171,7 +172,7 @@ class History(MembershipQueries):
 
     def aborts(self) -> list[Abort]:
         """The supervisor's reasons for giving up on the run."""
-        return [Abort(e.get("detail", "aborted the run"), _opt_float(e.get("t")))
+        return [Abort(e.get("detail"), _opt_float(e.get("t")))
                 for e in self._supervisor if e["ev"] == Ev.ABORT]
 
     def deliveries(self) -> list[Delivery]:
@@ -254,6 +255,11 @@ class History(MembershipQueries):
     def file_events(self, *, gen: int | None = None) -> list[FileEvent]:
         """The ranks' file events (``filewatch``), every rank's in the order they happened."""
         return [file_event(e) for e in self.rank_events(Ev.FILE, gen=gen)]
+
+    def file_trail(self, *, gen: int | None = None) -> list[FileEvent | Saved]:
+        """The file events and the completed-save records (of ``gen``), in history order: what
+        the file checks read."""
+        return [r for r in file_trail(self.rank_events(gen=gen)) if not isinstance(r, Begun)]
 
     def timeline(self, *, gen: int | None = None, rank: int | None = None) -> list[RankRecord]:
         """The ranks' events (of ``gen``, of ``rank``) as records, in history order; the kinds
