@@ -13,6 +13,8 @@ FRAGMENTATION_ALERT = 0.30
 #: Less free memory than this in the allocator's pool is not judged: a few MiB split in two reads
 #: as 50% fragmented, yet no allocation that matters is refused for it.
 FRAGMENTATION_MIN_FREE = 64 * 2 ** 20
+#: The note ``telemetry.record_allocator`` writes.
+ALLOCATOR = "allocator"
 
 
 def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATION_ALERT) -> Verdict:
@@ -20,13 +22,13 @@ def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATIO
     block / total free, from ``telemetry.record_allocator``). On CPU there is no such allocator:
     unknown, saying so, never a pass."""
     check = "allocator_fragmentation"
-    samples = [e for e in history.rank_events("note") if e.get("what") == "allocator"]
+    samples = [n.fields for n in history.notes(ALLOCATOR)]
     if not samples:
-        scenario = next((e for e in history.events if e["ev"] == "scenario"), {})
+        backend = history.scenario.backend if history.scenario else "?"
         why = ("the workload recorded no allocator statistics: call "
                "telemetry.record_allocator(run) after a step or a save"
-               if scenario.get("backend") == "nccl" else
-               f"not applicable: the run used no CUDA device (backend {scenario.get('backend', '?')})"
+               if backend == "nccl" else
+               f"not applicable: the run used no CUDA device (backend {backend})"
                ", and only CUDA's caching allocator fragments this way")
         return Verdict.unknown(check, why)
     mib = 2 ** 20
@@ -57,8 +59,8 @@ def allocator_fragmentation(history: History, *, threshold: float = FRAGMENTATIO
 
 def _applies(ctx: CheckContext) -> bool:
     scenario = ctx.scenario or ctx.history.scenario   # the scenario record, checking a history alone
-    return bool(scenario is not None and scenario.backend == "nccl") or any(
-        e.get("what") == "allocator" for e in ctx.history.rank_events("note"))
+    return bool(scenario is not None and scenario.backend == "nccl") or \
+        bool(ctx.history.notes(ALLOCATOR))
 
 
 @register("allocator_fragmentation", column="frag", assertion="assert_allocator_unfragmented",

@@ -161,8 +161,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     if lost:
         drawn: dict[tuple[int, int], Occurrence] = {}
         kept_set = set(kept)
-        for e in history.rank_events("record"):
-            occ = Occurrence(int(e["step"]), int(e["gen"]))
+        for occ, e in history.records():
             if occ not in kept_set:
                 for s in e.get("samples") or ():
                     drawn.setdefault((int(e.get("epoch", 0) or 0), int(s)), occ)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
+from pytest_reshard.contract import Detected
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict
 
@@ -18,28 +19,27 @@ def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdi
     about 200 MB per GPU and ended the ranks that had the least headroom.
     """
     check = "memory_headroom"
-    scenario = next((e for e in history.events if e["ev"] == "scenario"), {})
-    budget = scenario.get("memory_budget_bytes")
+    budget = history.scenario.memory_budget_bytes if history.scenario else None
     if not budget:
         return Verdict.unknown(check, "no memory budget set: pass memory_budget_bytes= to "
                                "reshard_run to check headroom")
     mib = 2 ** 20
     for d in history.detections():
-        if d.kind == "oom":
+        if d.kind == Detected.OOM:
             return Verdict.failed(check, d.detail or f"rank {d.rank} exceeded its memory budget",
                                   step=d.step, rank=d.rank, generation=d.gen)
-    peaks = [e for e in history.events if e["ev"] == "rss"]
+    peaks = history.rss()
     if not peaks:
         return Verdict.unknown(check, "no rank's memory was sampled")
-    top = max(peaks, key=lambda e: e["peak_bytes"])
-    share = top["peak_bytes"] / budget
-    where = f"rank {top['rank']} (generation {top['gen']})"
+    top = max(peaks, key=lambda e: e.peak_bytes)
+    share = top.peak_bytes / budget
+    where = f"rank {top.rank} (generation {top.gen})"
     if share > 1 - margin:
-        return Verdict.failed(check, f"{where} peaked at {top['peak_bytes'] / mib:.0f} MiB, "
+        return Verdict.failed(check, f"{where} peaked at {top.peak_bytes / mib:.0f} MiB, "
                               f"{share:.0%} of its {budget / mib:.0f} MiB budget: less than "
                               f"{margin:.0%} headroom; an upgrade that adds memory would kill it",
-                              rank=top["rank"], generation=top["gen"])
-    return Verdict.passed(check, f"highest peak {top['peak_bytes'] / mib:.0f} MiB on {where}, "
+                              rank=top.rank, generation=top.gen)
+    return Verdict.passed(check, f"highest peak {top.peak_bytes / mib:.0f} MiB on {where}, "
                           f"{share:.0%} of the {budget / mib:.0f} MiB budget")
 
 

@@ -11,6 +11,8 @@ from pytest_reshard.verdict import Verdict
 
 #: Phases at which a step's update has not been applied yet (``s.point("optimizer"); opt.step()``).
 PRE_UPDATE = ("begin", "data", "forward", "backward", "optimizer")
+#: The fault kind that injects a device error (``chaos.ecc_error``).
+ECC_ERROR = "ecc_error"
 
 
 def poisoned_commit(history: History) -> Verdict:
@@ -28,7 +30,7 @@ def poisoned_commit(history: History) -> Verdict:
         return p.get("layer") == "compute" or p.get("kind", "dbe") == "dbe" or p.get("xid") in FATAL_XIDS
 
     hits = [f for f in history.faults_fired()
-            if f.kind == "ecc_error" and f.phase in PRE_UPDATE and fatal(f.params)]
+            if f.kind == ECC_ERROR and f.phase in PRE_UPDATE and fatal(f.params)]
     if not hits:
         return Verdict.passed(check, "no fatal device error hit a step before its update")
     bad = [f for f in hits if f.step in history.committed(f.gen)]

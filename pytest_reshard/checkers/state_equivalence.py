@@ -26,6 +26,7 @@ from typing import Any
 from pytest_reshard.checkers._text import _fault_before, _previous, _summarise
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
+from pytest_reshard.contract import FileOp
 from pytest_reshard.history import Checkpoint, History
 from pytest_reshard.verdict import Verdict
 
@@ -64,17 +65,8 @@ def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, in
     its first digest (a load), else its last (a save: the last one written is on disk)."""
     # A rank's file may hold several incarnations (membership mode restarts a group inside a
     # generation): "began a step" means since the incarnation's own start.
-    starts: dict[tuple[int, int], list[int]] = {}
-    begins: dict[tuple[int, int], list[int]] = {}
-    for i, e in enumerate(history.events):
-        if e["ev"] in ("start", "begin"):
-            (starts if e["ev"] == "start" else begins).setdefault(
-                (int(e["gen"]), int(e["rank"])), []).append(i)
-
     def began_before(c: Checkpoint) -> bool:
-        key = (c.gen, c.rank)
-        since = max((i for i in starts.get(key, ()) if i < c.index), default=-1)
-        return any(since < b < c.index for b in begins.get(key, ()))
+        return history.began_since_start(c.gen, c.rank, c.index)
 
     out: dict[tuple[int, int, int], _Record] = {}
     for c in history.checkpoints(kind):
@@ -428,9 +420,9 @@ def _killed_while_writing(history: History, rank: int, gen: int, step: int) -> b
     before ``gen``, after it had finished writing a file of that save."""
     closed = False
     for e in history.file_events():
-        if e["rank"] != rank or e["gen"] >= gen or (e.get("at_step") or -1) < step:
+        if e.rank != rank or e.gen >= gen or (e.at_step or -1) < step:
             continue
-        if e.get("killed"):
+        if e.killed:
             return closed
-        closed = closed or e["op"] == "close"
+        closed = closed or e.op == FileOp.CLOSE
     return False

@@ -20,7 +20,7 @@ from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery
                                             ScenarioRecord, Signal, StepError, StepSpan, Exit,
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
                                             Begun, Saved, as_enum, decode, fault_fired,
-                                            file_event, file_trail)
+                                            file_event, file_trail, LOAD, SAVE)
 
 __all__ = ["History"]
 
@@ -319,7 +319,11 @@ class History(MembershipQueries):
         except (OSError, ValueError):
             return None
 
-    def times(self, ev: str, *, gen: int | None = None, rank: int | None = None) -> list[float]:
+    def event_times(self) -> list[float]:
+        """When every event that carries a time happened, in history order."""
+        return [float(e["t"]) for e in self.events if "t" in e]
+
+    def times(self, ev: str | None, *, gen: int | None = None, rank: int | None = None) -> list[float]:
         """When the rank events of kind ``ev`` (of ``gen``, of ``rank``) happened, in history
         order (an event without a time counts as 0)."""
         return [_t(e) for e in self.rank_events(ev, gen=gen, rank=rank)]
@@ -457,7 +461,7 @@ class History(MembershipQueries):
                     rank: int | None = None) -> list[Checkpoint]:
         """The ``"save"`` or ``"load"`` events (both when ``kind`` is None; of ``gen``, of
         ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded."""
-        kinds = {Ev.CKPT_SAVE: "save", Ev.CKPT_LOAD: "load"}
+        kinds = {Ev.CKPT_SAVE: SAVE, Ev.CKPT_LOAD: LOAD}
         if kind is not None and kind not in kinds.values():
             raise KeyError(kind)
         return [Checkpoint(kind=kinds[e["ev"]], gen=int(e["gen"]), rank=int(e["rank"]),

@@ -16,7 +16,7 @@ __all__ = [
     "Event", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint", "FaultFired",
     "Detection", "RankMemory", "StepSpan", "Attempt", "Replay", "FileEvent", "Saved", "Begun",
     "Ended", "Started", "Point", "StepError", "Signal", "Exit", "Note", "Unfired", "Abort",
-    "Delivery", "RssSample", "MemberEvent", "RankRecord", "file_trail", "decode",
+    "Delivery", "RssSample", "MemberEvent", "RankRecord", "file_trail", "decode", "SAVE", "LOAD",
 ]
 
 Event = Mapping[str, Any]
@@ -84,6 +84,10 @@ class Occurrence:
 
     step: int
     gen: int
+
+
+#: A ``Checkpoint``'s ``kind``.
+SAVE, LOAD = "save", "load"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from pytest_reshard.history import History, Occurrence
+from pytest_reshard.history import LOAD, SAVE, History, Occurrence
 from pytest_reshard.schedule import kinds
 
 #: Where in a step a phase sits, as a fraction of the step (for placing a fault on the x axis).
@@ -169,7 +169,7 @@ class ChartData:
 def _origin(history: History) -> float:
     """Time zero: the first generation's start (the fork server's warm-up is not the run's)."""
     starts = [g.started_at for g in history.generations.values() if g.started_at is not None]
-    times = starts or [float(e["t"]) for e in history.events if "t" in e]
+    times = starts or history.event_times()
     return min(times) if times else 0.0
 
 
@@ -226,10 +226,10 @@ def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark
     marks: list[Mark] = []
     for gen in sorted(history.generations):
         for rank in sorted(history.ranks_seen(gen)):
-            events = history.rank_events(gen=gen, rank=rank)
-            if not events:
+            seen = history.times(None, gen=gen, rank=rank)
+            if not seen:
                 continue
-            rank_last = max(float(e["t"]) for e in events) - origin
+            rank_last = max(seen) - origin
             last_t = max(last_t, rank_last)
             bars = raw.setdefault((gen, rank), [])
             for span in history.step_spans(gen=gen, rank=rank):
@@ -473,9 +473,9 @@ def timeline_svg(data: ChartData) -> str:
                 f'{"" if b.done else ", never ended"}</title></rect>')
     for m in data.marks:
         x, y = X(m.t), _TOP + m.rank * row_h
-        if m.kind in ("save", "load"):
+        if m.kind in (SAVE, LOAD):
             pts = (f"{_f(x - 3)},{y + row_h - 2} {_f(x + 3)},{y + row_h - 2} {_f(x)},{y + row_h - 7}"
-                   if m.kind == "load" else
+                   if m.kind == LOAD else
                    f"{_f(x - 3)},{y + row_h - 7} {_f(x + 3)},{y + row_h - 7} {_f(x)},{y + row_h - 2}")
             svg.add(f'<polygon class="checkpoint {m.kind}" points="{pts}" fill="#333">'
                     f'<title>{escape(m.label)}</title></polygon>')

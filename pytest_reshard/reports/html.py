@@ -16,6 +16,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from pytest_reshard.contract import RunDir
 from pytest_reshard.reports import charts
 from pytest_reshard.reports import png as png_plots
 from pytest_reshard.history import History
@@ -54,7 +55,7 @@ def write(result: Any, reference: History | None = None) -> WrittenReport:
     skipped = png_plots.missing()
     if skipped is None:
         pngs = png_plots.write(data, run_dir)
-    page = run_dir / PAGE
+    page = RunDir(run_dir).report
     page.write_text(render(result, data, pngs, skipped))
     return WrittenReport(page, tuple(pngs), skipped)
 
@@ -95,9 +96,10 @@ def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
                     f'<p><img class="plot" id="{p.stem}-png" alt="{p.stem} plot" '
                     f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">'
                     f'<br><a href="{p.name}">{p.name}</a></p>' for p in pngs))
+    folder = RunDir(result.run_dir)
+    named = ((folder.scenario, ""), (folder.verdict, ""), (folder.events, "/"), (folder.logs, "/"))
     links = " &#183; ".join(f'<a href="{escape(href)}">{escape(href)}</a>' for href in
-                            ("scenario.json", "verdict.json", "events/", "logs/")
-                            if (Path(result.run_dir) / href).exists())
+                            (p.name + slash for p, slash in named if p.exists()))
     faults_text = sc.schedule.describe() or "none"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">

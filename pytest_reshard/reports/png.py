@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_reshard.contract import RunDir
+from pytest_reshard.history import LOAD, SAVE
 from pytest_reshard.reports.charts import FAULT_COLOUR, ChartData, colour
 
 INSTALL_HINT = "pip install 'pytest-reshard[report]'"
@@ -26,7 +28,7 @@ def write(data: ChartData, folder: Path) -> list[Path]:
     """``loss.png`` and ``timeline.png`` in ``folder``. Raises ImportError without matplotlib."""
     from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend
 
-    paths = [folder / "loss.png", folder / "timeline.png"]
+    paths = [RunDir(folder).plot("loss"), RunDir(folder).plot("timeline")]
     _loss(Figure(figsize=(10, 3.6), layout="constrained"), data).savefig(paths[0], dpi=100)
     _timeline(Figure(figsize=(10, 1.2 + 0.45 * max(data.ranks, 1)), layout="constrained"),
               data).savefig(paths[1], dpi=100)
@@ -89,8 +91,8 @@ def _timeline(fig, data: ChartData):
             ax.scatter([u(f.t)] * len(f.ranks or (0,)), list(f.ranks or (0,)), marker="D", s=40,
                        color=FAULT_COLOUR, zorder=3)
     for m in data.marks:
-        if m.kind in ("save", "load"):
-            ax.scatter([u(m.t)], [m.rank + 0.42], marker="v" if m.kind == "save" else "^", s=14,
+        if m.kind in (SAVE, LOAD):
+            ax.scatter([u(m.t)], [m.rank + 0.42], marker="v" if m.kind == SAVE else "^", s=14,
                        color="#333", zorder=3)
         else:
             ax.scatter([u(m.t)], [m.rank], marker="x", s=50, color="black", zorder=4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard import checkers
+from pytest_reshard.contract import FileOp
 
 MARK = {"pass": "pass", "fail": "FAIL", "unknown": "?"}
 
@@ -54,12 +55,12 @@ def file_point(result: Any) -> dict[str, Any] | None:
     for f in result.scenario.schedule.faults:
         if kinds.get(f.kind).watches_files:
             files = result.history.file_events()
-            hit = next((e for e in files if e.get("killed") and e["gen"] == 0), None)
-            flipped = next((e["path"] for e in files if e["op"] == "flip"), None)
+            hit = next((e for e in files if e.killed and e.gen == 0), None)
+            flipped = next((e.path for e in files if e.op == FileOp.FLIP), None)
             return {"step": f.step, "event": f.params.get("event"), "mode": f.params.get("mode"),
                     "flipped": flipped,
                     "hit": None if hit is None else
-                    f"{hit['op']} {hit['path']}" + (f" -> {hit['dst']}" if hit.get("dst") else "")}
+                    f"{hit.op} {hit.path}" + (f" -> {hit.dst}" if hit.dst else "")}
     return None
 
 
