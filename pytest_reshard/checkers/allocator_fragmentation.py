@@ -6,9 +6,8 @@ from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict
 
-#: Above this, an allocation bigger than the largest free block fails although the memory is free:
-#: around 30% is where an inference cluster's allocator fragmentation forced a rewind on every
-#: reshard.
+#: Above this, an allocation bigger than the largest free block fails although the memory is
+#: free, often enough to force a rewind on every reshard.
 FRAGMENTATION_ALERT = 0.30
 #: Less free memory than this in the allocator's pool is not judged: a few MiB split in two reads
 #: as 50% fragmented, yet no allocation that matters is refused for it.

@@ -15,8 +15,8 @@ def memory_headroom(history: History, *, margin: float = MEMORY_MARGIN) -> Verdi
     """Every rank's peak RSS stayed below ``(1 - margin)`` of the scenario's memory budget.
 
     The supervisor samples each rank's peak (VmHWM) and ends a rank that passes the budget; a
-    rank that merely came close is the warning a team never got before a torch upgrade added
-    about 200 MB per GPU and ended the ranks that had the least headroom.
+    rank that merely came close is the warning: a dependency upgrade that adds memory ends the
+    ranks with the least headroom first.
     """
     check = "memory_headroom"
     budget = history.scenario.memory_budget_bytes if history.scenario else None
