@@ -262,3 +262,88 @@ def test_faults_and_detections_carry_their_times(tmp_path: Path) -> None:
         {"ev": "fault", "gen": 0, "rank": 0, "step": 0, "kind": "kill"},
         {"ev": "detect", "gen": 0, "kind": "died", "rank": 0}])
     assert (untimed.faults_fired()[0].t, untimed.detections()[0].t) == (None, None)
+
+
+# -- the typed view: History is the only reader of raw events ------------------------------------
+def test_file_events_come_back_as_records_with_the_contracts_ops() -> None:
+    from pytest_reshard.contract import FileOp
+    from pytest_reshard.history import FileEvent, Saved, file_trail
+
+    b = Builder(steps=2)
+    b.gen(run=range(2))
+    b.rank(0, 0, "file", op="close", path="ckpt/m.pt", n=3, at_step=1, size=4, crc=9)
+    b.rank(0, 0, "ckpt_save", step=1, digest={})
+    b.rank(0, 0, "file", op="rename", path="a", dst="b", n=4, at_step=1, killed="before")
+    h = b.history()
+    close, rename = h.file_events()
+    assert isinstance(close, FileEvent) and close.op is FileOp.CLOSE
+    assert (close.path, close.n, close.at_step, close.size, close.crc) == ("ckpt/m.pt", 3, 1, 4, 9)
+    assert (rename.op, rename.dst, rename.killed) == (FileOp.RENAME, "b", "before")
+    assert h.file_trail() == [close, Saved(0, 0, 1), rename]
+    assert file_trail(h.events) == h.file_trail() == file_trail(h.file_trail())
+
+
+def test_causes_and_detection_kinds_are_the_contracts_enums() -> None:
+    from pytest_reshard.contract import Cause, Detected
+
+    h = reshard_run().history()
+    assert h.generations[0].cause is Cause.RESHARD and h.final_generation.cause is Cause.COMPLETE
+    b = Builder(steps=3)
+    b.gen(run=range(3))
+    b.detect(0, "died", 1, 2, "backward", expected=True, exit_code=-9)
+    b.detect(0, "something_new", 1, 2, "backward", expected=False)
+    died, other = b.history().detections()
+    assert died.kind is Detected.DIED and other.kind == "something_new"   # unknown names kept
+
+
+def test_never_started_and_finished_are_decided_by_the_history() -> None:
+    h = reshard_run().history()
+    assert h.never_started() is None and h.finished() and h.reached_target()
+    attached = Builder(steps=3)
+    attached.sup("gen_start", gen=0, world_size=1, roles=["trainer"])
+    attached.rank(0, 0, "start", world_size=1)
+    attached.sup("gen_end", gen=0, cause="timeout", planned=False)
+    h = attached.history()
+    assert h.never_started() == ("the run never started: ranks attached (probe.attach()) but "
+                                 "none began a step, so there is nothing to compare (see "
+                                 "liveness)")
+    assert not h.finished() and not h.reached_target()
+    assert History.from_events([]).never_started() == \
+        "the run never started: no rank recorded anything"
+
+
+def test_signals_exits_notes_and_supervisor_records_are_typed() -> None:
+    b = Builder(steps=2)
+    b.gen(run=range(2))
+    b.rank(0, 1, "signal", signal="SIGTERM", armed=True)
+    b.rank(0, 1, "note", what="allocator", total_free=5)
+    b.rank(0, 1, "exit", code=0, sigterm_replaced=True)
+    b.sup("deliver", gen=0, fault_id=2, kind="preempt", grace_s=1.0)
+    b.sup("unfired", fault_id=1, detail="never reached")
+    b.sup("abort", detail="gave up")
+    b.sup("rss", gen=0, rank=1, peak_bytes=10, budget_bytes=20)
+    h = b.history()
+    [sig] = h.signals(rank=1)
+    assert (sig.signal, sig.armed) == ("SIGTERM", True)
+    [note] = h.notes("allocator")
+    assert note.fields["total_free"] == 5 and h.notes("other") == []
+    [ex] = h.exits(gen=0, rank=1)
+    assert (ex.code, ex.sigterm_replaced) == (0, True)
+    assert [(d.gen, d.fault_id) for d in h.deliveries()] == [(0, 2)]
+    assert [(u.fault_id, u.detail) for u in h.unfired()] == [(1, "never reached")]
+    assert [a.detail for a in h.aborts()] == ["gave up"]
+    assert [(r.rank, r.peak_bytes) for r in h.rss()] == [(1, 10)]
+
+
+def test_one_line_encoder_and_the_run_folders_names(tmp_path: Path) -> None:
+    from pytest_reshard.contract import Ev, RunDir, encode_event, read_jsonl
+
+    line = encode_event({"ev": Ev.BEGIN, "step": 3, "t": 1.5, "gen": 0, "rank": 1})
+    assert line == b'{"ev":"begin","step":3,"t":1.5,"gen":0,"rank":1}\n'
+    path = tmp_path / "e.jsonl"
+    path.write_bytes(line)
+    assert read_jsonl(path)[0] == [(1, {"ev": "begin", "step": 3, "t": 1.5, "gen": 0, "rank": 1})]
+    run = RunDir(tmp_path)
+    assert run.step_log(2) == tmp_path / "logs" / "g2-slurm.log"
+    assert run.telemetry_counts(1, 3) == tmp_path / "telemetry" / "g1-r3.json"
+    assert run.plot("loss") == tmp_path / "loss.png"

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, TypeVar, Union
 
-from pytest_reshard.contract import Cause, Detected, Ev, FileOp, MemberAction
+from pytest_reshard.contract import SUPERVISOR_EVENTS, Cause, Detected, Ev, FileOp, MemberAction
 
 __all__ = [
     "Event", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint", "FaultFired",
@@ -428,6 +428,8 @@ def decode(e: Event) -> RankRecord | None:
     """The record of one rank event, or None for a kind without one (``record``, ``notice``,
     ``memory``, ...: read through ``History``'s queries)."""
     ev = e["ev"]
+    if ev in SUPERVISOR_EVENTS:
+        return None
     gen, rank = e["gen"], e["rank"]
     if ev == Ev.FILE:
         return file_event(e)
@@ -454,7 +456,9 @@ def decode(e: Event) -> RankRecord | None:
     return None
 
 
-_TRAIL = (FileEvent, Saved, Begun)
+
+_RECORDS = (FileEvent, Saved, Begun, Ended, Started, Point, StepError, Signal, Exit, Note,
+            FaultFired)
 
 
 def file_trail(events: Iterable[Event | RankRecord], *, begins: bool = False
@@ -463,8 +467,7 @@ def file_trail(events: Iterable[Event | RankRecord], *, begins: bool = False
     order; with ``begins``, each step's ``Begun`` too. What the file checkers and the sweep read."""
     out: list[FileEvent | Saved | Begun] = []
     for e in events:
-        r = e if isinstance(e, (FileEvent, Saved, Begun, Ended, Started, Point, StepError,
-                                Signal, Exit, Note, FaultFired)) else decode(e)
+        r = e if isinstance(e, _RECORDS) else decode(e)
         if isinstance(r, (FileEvent, Saved)) or (begins and isinstance(r, Begun)):
             out.append(r)
     return out
