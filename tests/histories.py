@@ -10,10 +10,10 @@ consumes the global batch ``s*BATCH .. s*BATCH+BATCH-1``, split across ranks by 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from pytest_reshard.contract import SUPERVISOR_EVENTS, RunDir, encode_event
 from pytest_reshard.history import History
 
 BATCH = 4
@@ -117,13 +117,13 @@ class Builder:
 
     def write(self, run_dir: Path) -> Path:
         """Write the events as the probe and supervisor would: one file per rank per generation."""
-        events = run_dir / "events"
-        events.mkdir(parents=True)
+        folder = RunDir(run_dir)
+        folder.events.mkdir(parents=True)
         for e in self.events:
-            name = (f"g{e['gen']}-r{e['rank']}.jsonl" if "rank" in e and e["ev"] != "detect"
-                    else "supervisor.jsonl")
-            with open(events / name, "a") as f:
-                f.write(json.dumps(e) + "\n")
+            path = (folder.rank_events(e["gen"], e["rank"]) if e["ev"] not in SUPERVISOR_EVENTS
+                    else folder.supervisor_events)
+            with open(path, "ab") as f:
+                f.write(encode_event(e))
         return run_dir
 
 
