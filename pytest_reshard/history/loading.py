@@ -13,10 +13,10 @@ class HistoryError(ValueError):
     """The recorded events cannot be read; the message names the file, line and what to do."""
 
 
-def load_events(run_dir: str | Path) -> tuple[list[Event], list[Torn], Path]:
+def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], Path]:
     """The events of ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``) ordered by time, the
     torn last lines, and the run folder."""
-    root = RunDir(Path(run_dir))
+    root = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     events_dir = root.events if root.events.is_dir() else root.root
     supervisor_file = root.supervisor_events.name
     if not events_dir.is_dir():

@@ -75,7 +75,7 @@ class History(MembershipQueries):
         return cls([dict(e) for e in events])
 
     @classmethod
-    def load(cls, run_dir: str | Path) -> "History":
+    def load(cls, run_dir: "str | Path | RunDir") -> "History":
         """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines."""
         events, torn, root = load_events(run_dir)
         return cls(events, torn=torn, run_dir=root)
