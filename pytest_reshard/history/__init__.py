@@ -5,6 +5,10 @@ supervisor writes ``events/supervisor.jsonl``. ``History`` reads them once and a
 questions the checkers ask ("which steps committed?", "whose effect persisted?", "which samples
 did the kept steps consume?"). It is pure data: no processes, no torch, no pytest.
 
+``History`` is the only reader of raw events: checkers, the sweep and the reports get records
+(``history.records``) with the contract's enums. ``loading`` reads a run folder, ``queries``
+holds ``History``, ``membership`` its membership-mode half.
+
 Why the definitions are what they are:
 
 - A step is *committed* in a generation when every rank of that generation's world size recorded
