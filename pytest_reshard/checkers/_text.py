@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from pytest_reshard.contract import RunDir
+from pytest_reshard.contract import Cause, RunDir
 from pytest_reshard.history import Generation, History
 
 #: How many further problems a summary lists after the first.
@@ -40,11 +40,11 @@ def _cause_phrase(history: History, ended: Generation) -> str:
     """How a generation ended, in words: 'a planned reshard (shift_shards(all) at step 12 ...)'."""
     fault = history.describe_fault(ended.fault_id)
     words = {
-        "reshard": "a planned reshard" if ended.planned else "an unplanned reshard",
-        "preempt": "a preemption (SIGTERM)", "failure": "an unplanned failure",
-        "hang": "a hang", "timeout": "a timeout", "error": "a harness error",
-        "complete": "a completed generation", "drain": "a drain the workload requested",
-        "rebalance": "a planned rebalance",
+        Cause.RESHARD: "a planned reshard" if ended.planned else "an unplanned reshard",
+        Cause.PREEMPT: "a preemption (SIGTERM)", Cause.FAILURE: "an unplanned failure",
+        Cause.HANG: "a hang", Cause.TIMEOUT: "a timeout", "error": "a harness error",
+        Cause.COMPLETE: "a completed generation", Cause.DRAIN: "a drain the workload requested",
+        Cause.REBALANCE: "a planned rebalance",
     }
     if ended.cause is None:
         return f"generation {ended.gen} ended with no supervisor record (treated as unplanned)"
