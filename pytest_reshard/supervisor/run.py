@@ -32,10 +32,12 @@ from pytest_reshard.contract import Cause, Env, Ev, RunDir, write_json
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
-from pytest_reshard.supervisor.membership import Membership
+from pytest_reshard.supervisor.policies.in_place import InPlace
+from pytest_reshard.supervisor.policies.membership import Membership
+from pytest_reshard.supervisor.policies.relaunch import Relaunch
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
-from pytest_reshard.supervisor.watch import Outcome, Watch
+from pytest_reshard.supervisor.watch import Outcome, Watch, WatchContext
 from pytest_reshard.workloads import resolve
 
 __all__ = ["Supervisor"]
@@ -199,11 +201,12 @@ class Supervisor:
                 specs = self._specs(gen, world_size, roles, port, store is not None)
                 self._live = self.launcher.launch(specs) if self.members is None else \
                     self.members.launch(gen, specs)
-        watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
-                      record=self.record, fired=self.fired, launched=launched, deadline=deadline,
-                      on_status=self.on_status,
-                      on_live=lambda *answer: self._go_live(gen, roles, *answer),
-                      members=self.members)
+        ctx = WatchContext(sc, self.tail, self.dir, self.record, self.fired, deadline,
+                           self.on_status)
+        policy = InPlace(self.members if self.members is not None else Relaunch(),
+                         answer=lambda *answer: self._go_live(gen, roles, *answer))
+        watch = Watch(ctx, gen, self._live, world_size=world_size, launched=launched,
+                      policy=policy)
         outcome = None
         try:
             outcome = watch.run()
@@ -239,12 +242,13 @@ class Supervisor:
                     self.dir.disk(gen).write_text(json.dumps(filewatch.snapshot(self.dir.work)))
             del store
             self.tail.poll(gen)
+            peaks = watch.ranks.peaks
             for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one
                 exits = [e for e in self.tail.events(gen, rank)
                          if e["ev"] == Ev.EXIT and e.get("peak_rss")]
                 if exits:
-                    watch.peaks[rank] = max(watch.peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
-            for rank, peak in sorted(watch.peaks.items()):
+                    peaks[rank] = max(peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
+            for rank, peak in sorted(peaks.items()):
                 self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)
 
@@ -255,7 +259,7 @@ class Supervisor:
         and start the ones that join. The survivors are the lowest ranks, as when relaunching.
         Returns the outcome to end ``gen`` with once all handed over, or the refusal (the ranks
         then raise its reason)."""
-        if problem is None and not getattr(self.launcher, "live_reshard", False):
+        if problem is None and not getattr(self.launcher, "keeps_processes", False):
             problem = (f"launcher {self.scenario.launcher!r} does not keep ranks across "
                        "generations; use launcher fork or local")
         if problem is None and self.members is not None:

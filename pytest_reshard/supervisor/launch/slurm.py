@@ -46,7 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import HUB_PROTOCOL, Env, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, RunDir
+from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
                                               module_or_script, wait_until)
@@ -240,7 +241,10 @@ class SlurmLauncher:
     name = "slurm"
     own_rendezvous = True
     references_on = "fork"  # a clean run needs no cluster
-    live_reshard = False
+    keeps_processes = False
+    multi_node = True
+    restarts_groups = False
+    delivers = frozenset({Cause.PREEMPT, Cause.RESHARD})  # SIGTERM; drain the nodes left
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "SlurmLauncher":
@@ -398,12 +402,15 @@ class SlurmGeneration(LiveGeneration):
         """What SLURM does for a planned fault: a preemption's SIGTERM to the whole step (then,
         as SLURM does, SIGKILL after KillWait: the returned grace, which the supervisor enforces
         by ending the step), a drain of the nodes a smaller world leaves."""
-        if fault["kind"] == "preempt":
+        cause = kinds.get(fault["kind"]).cause
+        if cause not in self._launcher.delivers:
+            return None
+        if cause is Cause.PREEMPT:
             self._cancel("TERM")
             return self._alloc.kill_wait_s
         size = fault["params"].get("to_world_size")
         per_node = self._launcher.per_node or 1
-        if fault["kind"] == "shift_shards" and size is not None and size < self.world_size:
+        if cause is Cause.RESHARD and size is not None and size < self.world_size:
             drained = self.nodes[-(-int(size) // per_node):]
             self._alloc.drain(drained, f"{self.name}:drain-to-{size}")
             self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
