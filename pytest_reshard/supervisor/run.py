@@ -11,9 +11,10 @@ launches the ranks, then watches them every 20 ms:
 - deadlines: a reshard notice or a preemption's grace period that expires with ranks still
   alive ends the generation with SIGKILL, as a real scheduler would.
 
-A planned reshard the ranks ask to do in place (``run.live_reshard``) ends the generation
-without ending its processes: the survivors go on as the next generation, the leavers exit, and
-the supervisor starts only the ranks that join (``_go_live``).
+What a generation does about deaths and planned ends is its policy's (``supervisor/policies``):
+relaunch by default, restart one replica group in membership mode, and, when the ranks ask to
+reshard in place (``run.live_reshard``), keep the survivors as the next generation and start only
+the ranks that join (``_go_live``).
 
 It records what it saw to ``events/supervisor.jsonl`` (the harness's half of the history), and
 every process it started is gone when ``run`` returns, whether it succeeds, fails, times out or

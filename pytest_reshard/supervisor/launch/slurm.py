@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
@@ -120,7 +120,7 @@ class Allocation:
         if not found:
             raise RuntimeError(f"no KillWait in `scontrol show config`: {config[:300]}")
         self.kill_wait_s = float(found.group(1))
-        note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
+        note(Ev.NODES, {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
                        "nodes": self.nodes, "kill_wait_s": self.kill_wait_s})
 
     def _salloc(self, nodes: int, minutes: int) -> str:
@@ -323,7 +323,7 @@ class SlurmLauncher:
             srun = subprocess.Popen(cmd, env=env, cwd=first.cwd, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: die_with_parent(parent))
-        self._note("nodes", {"launcher": "slurm", "gen": gen, "name": name, "nodes": nodes,
+        self._note(Ev.NODES, {"launcher": "slurm", "gen": gen, "name": name, "nodes": nodes,
                                   "world_size": world, "hub": self._hub.address,
                                   "rendezvous": endpoint})
         return SlurmGeneration(self, srun, gen, world, nodes, name)
@@ -413,7 +413,7 @@ class SlurmGeneration(LiveGeneration):
         if cause is Cause.RESHARD and size is not None and size < self.world_size:
             drained = self.nodes[-(-int(size) // per_node):]
             self._alloc.drain(drained, f"{self.name}:drain-to-{size}")
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "drained": drained, "fault_id": fault["id"]})
         return None
 
@@ -440,7 +440,7 @@ class SlurmGeneration(LiveGeneration):
                    poll=0.1)
         skew = {f"{g}/{r}": round(o, 4) for (g, r), o in self._hub.offsets.items() if g == self.gen}
         if skew:
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "clock_offsets_s": skew})
 
     def _cancel(self, sig: str) -> None:
@@ -451,7 +451,7 @@ class SlurmGeneration(LiveGeneration):
         for step in steps:
             _slurm("scancel", f"--signal={sig}", step, check=sig != "KILL")
         if sig != "KILL":  # the end of every step is recorded by gen_end; a signal is news
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "scancel": sig, "steps": steps})
 
     def _log(self) -> Path:

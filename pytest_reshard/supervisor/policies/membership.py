@@ -1,28 +1,15 @@
 """Membership mode (``Scenario.replica_groups=G``): a death ends one replica group, not the
-generation.
+generation, because fault-tolerant trainers (torchft) train on with the groups left and heal a
+restarted group from a live peer.
 
-Fault-tolerant trainers (torchft) keep training on the replica groups left when one dies, and
-a restarted group rejoins and heals from a live peer. To test that, the supervisor must not end
-the generation on an unplanned death: it kills the rest of the dead rank's group (ranks
-``g * per .. g * per + per - 1``, ``per = world_size // G``), records an ``Ev.MEMBER`` event and
-starts just those ranks again through the same launcher (a fork from the warm server), into the
-running generation, with ``TORCHFT_REJOIN=1`` and a new ``TORCHFT_INCARNATION``. Each group may
-be restarted ``Scenario.member_restarts`` times per generation; past that the death ends the
-generation as it would outside this mode. ``Scenario.member_restart_delay_s`` keeps a dead
-group down that long first (a replacement node takes time): the quorum then trains on without
-it, which is what the sample and loss checks must see.
-
-A preemption whose ranks are some groups but not all (``preempt(rank=...)``) is that group's,
-not the generation's: the group gets its SIGTERM and grace, the others train on, and once it
-exited (or was killed when the grace ran out, as a scheduler would) it is restarted the same way.
-
-The Lighthouse (torchft's quorum server) must outlive every group, so with
-``Scenario.lighthouse`` set the supervisor hosts it in its own process for the whole run and
-passes its address as ``TORCHFT_LIGHTHOUSE``; ``close`` shuts it down.
-
-A restarted incarnation appends to its rank's events file of the same generation; the history
-tells incarnations apart by their ``start`` events. The generation's plan is rewritten without
-the faults that already fired before each restart, so a restarted rank does not fire them again.
+The dead rank's group (ranks ``g * per .. g * per + per - 1``) is killed and started again into
+the running generation through the same launcher, with ``TORCHFT_REJOIN=1`` and a new
+``TORCHFT_INCARNATION``, at most ``member_restarts`` times per generation and after
+``member_restart_delay_s`` (the quorum trains on without it meanwhile). A preemption of some
+groups is theirs alone. The generation's plan is rewritten without the faults that fired, so a
+restarted rank does not fire them again; the history tells incarnations apart by their ``start``
+events. The Lighthouse (``Scenario.lighthouse``) must outlive every group, so the supervisor
+hosts it for the whole run.
 """
 from __future__ import annotations
 
