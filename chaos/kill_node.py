@@ -44,9 +44,11 @@ def execute(run: Any, fault: Mapping[str, Any]) -> None:
 
 
 def _requires(options: Mapping[str, Any]) -> str | None:
-    if options.get("launcher") not in ("elastic", "slurm") or int(options.get("nodes", 1)) < 2:
-        return ("kill_node needs launcher='elastic' or 'slurm' and nodes >= 2: a node is one "
-                "torchrun agent, and one must survive")
+    """``multi_node`` is the launcher's own fact (``supervisor.launch.facts``), which
+    ``scenario_from`` passes along with the scenario's options."""
+    if not options.get("multi_node") or int(options.get("nodes", 1)) < 2:
+        return ("kill_node needs launcher='elastic' or 'slurm' (a launcher that spans several "
+                "nodes) and nodes >= 2: a node is one torchrun agent, and one must survive")
     return None
 
 

@@ -17,7 +17,6 @@ from pytest_reshard.refcache import resolve_workload
 from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
-LAUNCHERS = ("fork", "local", "torchrun", "slurm")
 
 OPTIONS: list[tuple[str, str, Any, str]] = [
     # (name, ini type, default, help) — every flag has an ini twin with the same help.
@@ -28,7 +27,8 @@ OPTIONS: list[tuple[str, str, Any, str]] = [
      "reuses the previous run's"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), "
-     "torchrun, slurm (job steps of a SLURM allocation)"),
+     "torchrun, elastic (one agent per node), slurm (job steps of a SLURM allocation), or any "
+     "registered launcher"),
     ("reshard_nodes", "string", "1", "nodes of a slurm scenario that does not set nodes= (each "
      "runs world_size / nodes ranks)"),
     ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
@@ -85,8 +85,12 @@ def _validate(name: str, value: str, source: str) -> str:
         raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(BACKENDS)}")
     if name == "reshard_nodes" and (not value.isdigit() or int(value) < 1):
         raise pytest.UsageError(f"{source}={value!r}: expected a whole number of nodes, >= 1")
-    if name == "reshard_launcher" and value not in LAUNCHERS:
-        raise pytest.UsageError(f"{source}={value!r}: choose one of {', '.join(LAUNCHERS)}")
+    if name == "reshard_launcher":
+        from pytest_reshard.supervisor import launch  # stdlib-only at import, like the registry
+
+        if value not in launch.registered():  # a user's register(...)ed launcher is one
+            raise pytest.UsageError(f"{source}={value!r}: choose one of "
+                                    f"{', '.join(launch.registered())}")
     if name == "reshard_compare_fail" and value:
         from pytest_reshard.gate.baseline import GateError, parse
 

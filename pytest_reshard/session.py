@@ -26,7 +26,7 @@ from pytest_reshard.verdict import Verdict
 from pytest_reshard.schedule import Fault, Schedule, kinds, validate
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
-from pytest_reshard.supervisor.membership import check_scenario as check_membership
+from pytest_reshard.supervisor.policies.membership import check_scenario as check_membership
 from pytest_reshard.supervisor.run import Supervisor
 from pytest_reshard.supervisor.scenario import Scenario, expand_roles
 from pytest_reshard import checkers, workloads
@@ -405,7 +405,8 @@ def lock_artifacts(folder: Path) -> _Lock:
 def _check_nodes(world_size: int, options: dict[str, Any]) -> None:
     """Multi-node settings that cannot work, rejected before any agent starts."""
     nodes = int(options.get("nodes", 1))
-    if options.get("launcher") in ("elastic", "slurm") and (nodes < 1 or world_size % nodes):
+    multi_node = bool(options.get("launcher")) and launch.facts(options["launcher"])["multi_node"]
+    if multi_node and (nodes < 1 or world_size % nodes):
         raise ValueError(f"launcher={options['launcher']!r}: world_size {world_size} must split "
                          f"evenly into nodes={nodes} (each node runs world_size / nodes ranks)")
 
@@ -435,8 +436,9 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
     if options.get("launcher"):
         launch.launcher_class(options["launcher"])  # an unknown one: the error lists them
     _check_nodes(world_size, options)
+    facts = launch.facts(options["launcher"]) if options.get("launcher") else {}
     validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or (),
-             options=options)
+             options={**facts, **options})  # a kind's requires() reads the launcher's facts
     scenario = Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
                         **options)
     check_membership(scenario)

@@ -41,6 +41,33 @@ def test_impossible_multinode_scenarios_are_rejected_before_anything_starts(opti
                       **options)
 
 
+class _Nodes:
+    """A user's launcher that spans nodes and can restart a replica group (its facts only)."""
+
+    name = "nodes"
+    multi_node = True
+    restarts_groups = True
+
+
+def test_a_registered_launcher_is_judged_by_its_declared_facts(monkeypatch):
+    from pytest_reshard.supervisor import launch
+    from pytest_reshard.supervisor.policies.membership import check_scenario
+
+    monkeypatch.setattr(launch, "_LAUNCHERS", dict(launch._LAUNCHERS))
+    launch.register("nodes", f"{__name__}:_Nodes")
+    assert launch.facts("nodes")["multi_node"] and not launch.facts("nodes")["keeps_processes"]
+    assert launch.facts("elastic")["multi_node"] and not launch.facts("fork")["multi_node"]
+    scenario = scenario_from("lm", world_size=4, steps=6, launcher="nodes", nodes=2,
+                             faults=[chaos.kill_node(rank=2, at_step=2)])
+    assert scenario.launcher == "nodes"
+    with pytest.raises(ValueError, match="must split evenly"):
+        scenario_from("lm", world_size=4, steps=6, launcher="nodes", nodes=3)
+    check_scenario(scenario_from("lm", world_size=4, steps=6, launcher="nodes", replica_groups=2))
+    with pytest.raises(ValueError, match="replica_groups needs launcher='fork' or 'local'"):
+        check_scenario(scenario_from("lm", world_size=4, steps=6, launcher="torchrun",
+                                     replica_groups=2))
+
+
 def test_without_namespaces_every_node_is_loopback_and_the_note_says_why(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     net = netns.create(3)

@@ -46,6 +46,36 @@ def test_bad_settings_are_rejected_naming_their_source(pytester, args, ini, mess
     result.stderr.fnmatch_lines([message])
 
 
+def test_every_registered_launcher_is_accepted_and_others_are_refused_naming_them(pytester):
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--reshard-launcher=elastic")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["reshard: *launcher=elastic*"])
+    result = pytester.runpytest("--reshard-launcher=nosuch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--reshard-launcher='nosuch': choose one of elastic, fork, "
+                                 "local, slurm, torchrun*"])
+
+
+def test_a_users_registered_launcher_is_accepted(pytester, monkeypatch):
+    from pytest_reshard.supervisor import launch
+
+    monkeypatch.setattr(launch, "_LAUNCHERS", dict(launch._LAUNCHERS))  # registered for this test
+    pytester.makeconftest("""
+        from pytest_reshard.supervisor import launch
+        from pytest_reshard.supervisor.launch.fork import ForkLauncher
+
+        class Mine(ForkLauncher):
+            name = "mine"
+
+        launch.register("mine", "conftest:Mine")
+    """)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--reshard-launcher=mine")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["reshard: *launcher=mine*"])
+
+
 def test_gpu_and_nightly_markers_skip_with_reasons(pytester):
     pytester.makepyfile("""
         import pytest

@@ -3,7 +3,10 @@
 - ``scenario.py``: the Scenario (plain data) and the roles of its ranks;
 - ``run.py``: the Supervisor, which writes each generation's fault plan, launches the ranks and
   records what it saw to ``events/supervisor.jsonl``;
-- ``watch.py``: the poll loop of one generation (exits, heartbeats, progress, deadlines);
+- ``watch.py``: the poll loop of one generation (exits, heartbeats, progress, deadlines), which
+  dispatches to the generation's policy (``policies/``: relaunch, in place, membership);
+- ``outcome.py``: how a generation ends (``Outcome``, ``PendingEnd``); ``detect.py``: what the
+  loop notices about single ranks;
 - ``tail.py``: the incremental reader of the ranks' events;
 - ``procfs.py``: what /proc says about a process;
 - ``launch/``: one module per launcher behind one protocol.
@@ -18,7 +21,7 @@ from typing import Any
 __all__ = ["Scenario", "Supervisor", "Outcome", "default_roles", "expand_roles", "next_roles",
            "rebalanced"]
 _WHERE = {"Scenario": "scenario", "default_roles": "scenario", "expand_roles": "scenario",
-          "next_roles": "scenario", "Supervisor": "run", "rebalanced": "watch", "Outcome": "watch"}
+          "next_roles": "scenario", "Supervisor": "run", "rebalanced": "outcome", "Outcome": "outcome"}
 
 
 def __getattr__(name: str) -> Any:

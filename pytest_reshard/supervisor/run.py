@@ -11,9 +11,10 @@ launches the ranks, then watches them every 20 ms:
 - deadlines: a reshard notice or a preemption's grace period that expires with ranks still
   alive ends the generation with SIGKILL, as a real scheduler would.
 
-A planned reshard the ranks ask to do in place (``run.live_reshard``) ends the generation
-without ending its processes: the survivors go on as the next generation, the leavers exit, and
-the supervisor starts only the ranks that join (``_go_live``).
+What a generation does about deaths and planned ends is its policy's (``supervisor/policies``):
+relaunch by default, restart one replica group in membership mode, and, when the ranks ask to
+reshard in place (``run.live_reshard``), keep the survivors as the next generation and start only
+the ranks that join (``_go_live``).
 
 It records what it saw to ``events/supervisor.jsonl`` (the harness's half of the history), and
 every process it started is gone when ``run`` returns, whether it succeeds, fails, times out or
@@ -32,10 +33,12 @@ from pytest_reshard.contract import Cause, Env, Ev, RunDir, write_json
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
-from pytest_reshard.supervisor.membership import Membership
+from pytest_reshard.supervisor.policies.in_place import InPlace
+from pytest_reshard.supervisor.policies.membership import Membership
+from pytest_reshard.supervisor.policies.relaunch import Relaunch
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
 from pytest_reshard.supervisor.tail import EventTail
-from pytest_reshard.supervisor.watch import Outcome, Watch
+from pytest_reshard.supervisor.watch import Outcome, Watch, WatchContext
 from pytest_reshard.workloads import resolve
 
 __all__ = ["Supervisor"]
@@ -199,11 +202,12 @@ class Supervisor:
                 specs = self._specs(gen, world_size, roles, port, store is not None)
                 self._live = self.launcher.launch(specs) if self.members is None else \
                     self.members.launch(gen, specs)
-        watch = Watch(sc, gen, self._live, world_size=world_size, tail=self.tail, run_dir=self.dir,
-                      record=self.record, fired=self.fired, launched=launched, deadline=deadline,
-                      on_status=self.on_status,
-                      on_live=lambda *answer: self._go_live(gen, roles, *answer),
-                      members=self.members)
+        ctx = WatchContext(sc, self.tail, self.dir, self.record, self.fired, deadline,
+                           self.on_status)
+        policy = InPlace(self.members if self.members is not None else Relaunch(),
+                         answer=lambda *answer: self._go_live(gen, roles, *answer))
+        watch = Watch(ctx, gen, self._live, world_size=world_size, launched=launched,
+                      policy=policy)
         outcome = None
         try:
             outcome = watch.run()
@@ -239,12 +243,13 @@ class Supervisor:
                     self.dir.disk(gen).write_text(json.dumps(filewatch.snapshot(self.dir.work)))
             del store
             self.tail.poll(gen)
+            peaks = watch.ranks.peaks
             for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one
                 exits = [e for e in self.tail.events(gen, rank)
                          if e["ev"] == Ev.EXIT and e.get("peak_rss")]
                 if exits:
-                    watch.peaks[rank] = max(watch.peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
-            for rank, peak in sorted(watch.peaks.items()):
+                    peaks[rank] = max(peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
+            for rank, peak in sorted(peaks.items()):
                 self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)
 
@@ -255,7 +260,7 @@ class Supervisor:
         and start the ones that join. The survivors are the lowest ranks, as when relaunching.
         Returns the outcome to end ``gen`` with once all handed over, or the refusal (the ranks
         then raise its reason)."""
-        if problem is None and not getattr(self.launcher, "live_reshard", False):
+        if problem is None and not getattr(self.launcher, "keeps_processes", False):
             problem = (f"launcher {self.scenario.launcher!r} does not keep ranks across "
                        "generations; use launcher fork or local")
         if problem is None and self.members is not None:

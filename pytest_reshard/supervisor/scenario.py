@@ -21,7 +21,7 @@ class Scenario:
     args: list[str] = field(default_factory=list)
     timeout_s: float = 120.0
     backend: str = "gloo"
-    launcher: str = "fork"         # fork | local | torchrun | elastic
+    launcher: str = "fork"         # a registered launcher (supervisor.launch.registered())
     roles: list[str] | None = None  # role of each rank; default: default_roles(workload, ...)
     hang_s: float = 1.0            # heartbeat silence of a stopped rank (10x if the kernel disagrees)
     stall_s: float = 10.0          # no progress from any rank this long means a stall

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
-from pytest_reshard.contract import Env
+from pytest_reshard.contract import Cause, Env
 from pytest_reshard.supervisor import procfs
 
 __all__ = ["RankSpec", "LiveGeneration", "Regrouped", "Launcher", "LaunchContext", "register", "make",
-           "launcher_class", "registered", "free_port", "parse_port_range", "KILL_WAIT_S"]
+           "launcher_class", "registered", "facts", "FACTS", "free_port", "parse_port_range", "KILL_WAIT_S"]
 
 #: How long a killed rank may take to be reaped before we call it a leak.
 KILL_WAIT_S = 10.0
@@ -80,8 +80,9 @@ class LiveGeneration:
         return None
 
     def deliver(self, fault: dict[str, Any]) -> float | None:
-        """A planned fault fired: have the scheduler do its part (a preemption's signal). Returns
-        the grace the scheduler gives, which replaces the fault's own deadline, or None."""
+        """A planned fault fired: have the scheduler do its part for the causes its launcher
+        ``delivers`` (a preemption's signal). Returns the grace the scheduler gives, which
+        replaces the fault's own deadline, or None."""
         return None
 
     def capacity(self) -> int | None:
@@ -169,7 +170,14 @@ class Launcher(Protocol):
     references_on: ClassVar[str | None]
     #: True: its ranks are this process's children, so a live reshard can keep some of them
     #: into the next generation and start the ones that join (``Regrouped``).
-    live_reshard: ClassVar[bool]
+    keeps_processes: ClassVar[bool]
+    #: True: it spans several nodes (``nodes=``; a node's loss is a ``kill_node``).
+    multi_node: ClassVar[bool]
+    #: True: membership mode (``replica_groups``) may start one group's ranks again with it,
+    #: into the running generation.
+    restarts_groups: ClassVar[bool]
+    #: The planned ends its scheduler takes part in (``LiveGeneration.deliver``), by cause.
+    delivers: ClassVar[frozenset[Cause]]
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "Launcher": ...
@@ -197,6 +205,17 @@ def launcher_class(name: str) -> type:
         raise ValueError(f"unknown launcher {name!r}: use one of {', '.join(registered())}")
     module, _, cls = _LAUNCHERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+#: The facts a launcher declares (class attributes), and what one that omits a fact is taken to say.
+FACTS: dict[str, Any] = {"own_rendezvous": False, "references_on": None, "keeps_processes": False,
+                         "multi_node": False, "restarts_groups": False, "delivers": frozenset()}
+
+
+def facts(name: str) -> dict[str, Any]:
+    """What launcher ``name`` declares about itself (``FACTS``), for the checks of a scenario."""
+    cls = launcher_class(name)
+    return {fact: getattr(cls, fact, default) for fact, default in FACTS.items()}
 
 
 def make(name: str, ctx: LaunchContext) -> Launcher:

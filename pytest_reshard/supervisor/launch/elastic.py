@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pytest_reshard.contract import Env
+from pytest_reshard.contract import Cause, Env, Ev
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
@@ -56,7 +56,10 @@ class ElasticLauncher:
     name = "elastic"
     own_rendezvous = True
     references_on = "fork"  # a clean run needs no agents
-    live_reshard = False
+    keeps_processes = False
+    multi_node = True
+    restarts_groups = False
+    delivers: frozenset[Cause] = frozenset()
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "ElasticLauncher":
@@ -94,7 +97,7 @@ class ElasticLauncher:
             self.network = netns.create(self.nodes, self.network_mode)
             self._store = TCPStore(self.network.head, 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60))
-            self._note("nodes", {"mode": self.network.mode, "hosts": self.network.hosts,
+            self._note(Ev.NODES, {"mode": self.network.mode, "hosts": self.network.hosts,
                                    "endpoint": f"{self.network.head}:{self._store.port}",
                                    "namespaces": self.network.namespaces,
                                    "note": self.network.note})

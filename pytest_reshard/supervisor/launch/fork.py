@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pytest_reshard.contract import Cause
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               wait_until)
 from pytest_reshard.supervisor.launch.forkserver import ForkServer
@@ -36,7 +37,10 @@ class ForkLauncher:
     name = "fork"
     own_rendezvous = False
     references_on = None
-    live_reshard = True
+    keeps_processes = True
+    multi_node = False
+    restarts_groups = True
+    delivers: frozenset[Cause] = frozenset()
 
     def __init__(self, preload: Sequence[str] = (WARMUP,)) -> None:
         self.preload = tuple(preload)
@@ -87,7 +91,10 @@ class BorrowedFork:
     name = ForkLauncher.name
     own_rendezvous = False
     references_on = None
-    live_reshard = True
+    keeps_processes = True
+    multi_node = False
+    restarts_groups = True
+    delivers: frozenset[Cause] = frozenset()
 
     def __init__(self, owner: ForkLauncher) -> None:
         self._owner = owner

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from typing import Sequence
 
+from pytest_reshard.contract import Cause
 from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 from pytest_reshard.supervisor.procfs import killpg
@@ -35,7 +36,10 @@ class LocalLauncher:
     name = "local"
     own_rendezvous = False
     references_on = None
-    live_reshard = True
+    keeps_processes = True
+    multi_node = False
+    restarts_groups = True
+    delivers: frozenset[Cause] = frozenset()
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "LocalLauncher":

@@ -46,7 +46,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import HUB_PROTOCOL, Env, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir
+from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor import procfs
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
                                               module_or_script, wait_until)
@@ -119,7 +120,7 @@ class Allocation:
         if not found:
             raise RuntimeError(f"no KillWait in `scontrol show config`: {config[:300]}")
         self.kill_wait_s = float(found.group(1))
-        note("nodes", {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
+        note(Ev.NODES, {"launcher": "slurm", "job": self.job, "own_allocation": self.own,
                        "nodes": self.nodes, "kill_wait_s": self.kill_wait_s})
 
     def _salloc(self, nodes: int, minutes: int) -> str:
@@ -240,7 +241,10 @@ class SlurmLauncher:
     name = "slurm"
     own_rendezvous = True
     references_on = "fork"  # a clean run needs no cluster
-    live_reshard = False
+    keeps_processes = False
+    multi_node = True
+    restarts_groups = False
+    delivers = frozenset({Cause.PREEMPT, Cause.RESHARD})  # SIGTERM; drain the nodes left
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "SlurmLauncher":
@@ -319,7 +323,7 @@ class SlurmLauncher:
             srun = subprocess.Popen(cmd, env=env, cwd=first.cwd, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: die_with_parent(parent))
-        self._note("nodes", {"launcher": "slurm", "gen": gen, "name": name, "nodes": nodes,
+        self._note(Ev.NODES, {"launcher": "slurm", "gen": gen, "name": name, "nodes": nodes,
                                   "world_size": world, "hub": self._hub.address,
                                   "rendezvous": endpoint})
         return SlurmGeneration(self, srun, gen, world, nodes, name)
@@ -398,15 +402,18 @@ class SlurmGeneration(LiveGeneration):
         """What SLURM does for a planned fault: a preemption's SIGTERM to the whole step (then,
         as SLURM does, SIGKILL after KillWait: the returned grace, which the supervisor enforces
         by ending the step), a drain of the nodes a smaller world leaves."""
-        if fault["kind"] == "preempt":
+        cause = kinds.get(fault["kind"]).cause
+        if cause not in self._launcher.delivers:
+            return None
+        if cause is Cause.PREEMPT:
             self._cancel("TERM")
             return self._alloc.kill_wait_s
         size = fault["params"].get("to_world_size")
         per_node = self._launcher.per_node or 1
-        if fault["kind"] == "shift_shards" and size is not None and size < self.world_size:
+        if cause is Cause.RESHARD and size is not None and size < self.world_size:
             drained = self.nodes[-(-int(size) // per_node):]
             self._alloc.drain(drained, f"{self.name}:drain-to-{size}")
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "drained": drained, "fault_id": fault["id"]})
         return None
 
@@ -433,7 +440,7 @@ class SlurmGeneration(LiveGeneration):
                    poll=0.1)
         skew = {f"{g}/{r}": round(o, 4) for (g, r), o in self._hub.offsets.items() if g == self.gen}
         if skew:
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "clock_offsets_s": skew})
 
     def _cancel(self, sig: str) -> None:
@@ -444,7 +451,7 @@ class SlurmGeneration(LiveGeneration):
         for step in steps:
             _slurm("scancel", f"--signal={sig}", step, check=sig != "KILL")
         if sig != "KILL":  # the end of every step is recorded by gen_end; a signal is news
-            self._launcher._note("nodes", {"launcher": "slurm", "gen": self.gen,
+            self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
                                            "scancel": sig, "steps": steps})
 
     def _log(self) -> Path:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from typing import Callable, Sequence
 
-from pytest_reshard.contract import Env
+from pytest_reshard.contract import Cause, Env
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               free_port, module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
@@ -63,7 +63,10 @@ class TorchrunLauncher:
     name = "torchrun"
     own_rendezvous = True
     references_on = None
-    live_reshard = False
+    keeps_processes = False
+    multi_node = False
+    restarts_groups = False
+    delivers: frozenset[Cause] = frozenset()
 
     def __init__(self, pid_of: Callable[[int], dict[int, int]],
                  clean_exit: Callable[[int, int], bool]) -> None:

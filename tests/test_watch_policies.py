@@ -1,0 +1,42 @@
+"""The watch loop's pure parts: the typed pending end and the policies' protocol."""
+from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.schedule import kinds
+from pytest_reshard.supervisor.outcome import PendingEnd
+from pytest_reshard.supervisor.policies import GenerationPolicy
+from pytest_reshard.supervisor.policies.in_place import InPlace
+from pytest_reshard.supervisor.policies.membership import Membership
+from pytest_reshard.supervisor.policies.relaunch import Relaunch
+
+
+def test_a_workloads_own_drain_request_is_a_pending_end_of_its_own():
+    ev = {"ev": Ev.REQUEST.value, "gen": 0, "rank": 1, "step": 4, "to_world_size": 2,
+          "reason": "ECC error", "grace_s": 5}
+    end = PendingEnd.of_request(ev, fault_id=3, now=100.0)
+    assert (end.cause, end.fault_id, end.deadline, end.requested, end.label) == \
+        (Cause.DRAIN, 3, 105.0, True, "drain")
+    out = end.outcome(world_size=4, seed=0, sigtermed=set())
+    assert (out.cause, out.planned, out.next_world_size, out.fault_id) == (Cause.DRAIN, True, 2, 3)
+    assert out.detail == "the workload asked to drain to 2 ranks: ECC error"
+    missed = end.missed([0, 1], gen=0)
+    assert missed.cause is Cause.FAILURE and missed.detail.startswith(
+        "drain at step 4 request: ranks [0, 1] were still running when the grace period ran out")
+
+
+def test_a_fired_planned_fault_is_a_pending_end_with_its_kinds_cause():
+    ev = {"ev": Ev.FAULT.value, "id": 0, "kind": "shift_shards", "step": 2, "phase": "optimizer",
+          "params": {"notice_s": 20, "to_world_size": 3}}
+    end = PendingEnd.of_fault(ev, kinds.get("shift_shards"), deadline=1.0)
+    assert (end.cause, end.requested, end.label) == (Cause.RESHARD, False, "shift_shards")
+    out = end.outcome(world_size=4, seed=0, sigtermed={2})
+    assert out.next_world_size == 3 and out.detail.startswith("shift_shards at step 2 optimizer")
+    assert "rank 2 died of its SIGTERM" in out.detail
+    assert "notice ran out" in end.missed([1], gen=0).detail
+
+
+def test_every_policy_answers_the_whole_protocol():
+    hooks = [n for n in vars(GenerationPolicy) if not n.startswith("_")]
+    assert set(hooks) >= {"start", "on_fault", "on_live", "poll", "on_death", "on_all_exited",
+                          "handed_over", "outcome"}
+    for policy in (Relaunch, InPlace, Membership):
+        missing = [h for h in hooks if not callable(getattr(policy, h, None))]
+        assert not missing, f"{policy.__name__} lacks {missing}"
