@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = None,
@@ -23,7 +26,7 @@ def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = 
                  then(then_world_size))
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     os._exit(0)  # no traceback, no exit event, exit code 0
 
 

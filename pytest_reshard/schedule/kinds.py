@@ -23,6 +23,7 @@ name, or from its file when its module is not importable there (a ``conftest.py`
 from __future__ import annotations
 
 import enum
+import importlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -134,8 +135,14 @@ def unregister(name: str) -> None:
     _KINDS.pop(name, None)
 
 
+#: The modules that declare the bundled kinds, loaded on the first lookup like any plugin: the
+#: registry sits below them (they import it to register), so it names them instead of importing.
+BUNDLED = ("pytest_reshard.chaos",)
+
+
 def _load_bundled() -> None:
-    import pytest_reshard.chaos  # noqa: F401 - declares the bundled kinds
+    for module in BUNDLED:
+        importlib.import_module(module)
 
 
 def get(name: str) -> FaultKind:
