@@ -15,8 +15,8 @@ if TYPE_CHECKING:  # pragma: no cover
 def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = None,
                    role: str | None = None, target: str | None = None,
                    then_world_size: int | None = None) -> Fault:
-    """The target vanishes with exit code 0 and no traceback, as GPU drafter processes did in a
-    speculative-decoding training run: two of three died during ramp-up with no error at all.
+    """The target vanishes with exit code 0 and no traceback: a death that no error path sees,
+    so only the supervisor can notice it.
 
     Layer: ``os._exit(0)`` at the point, so no exception handler, atexit hook or probe ``exit``
     event runs. The supervisor must notice a rank that left early without a planned event.

@@ -14,9 +14,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def memory_pressure(*, at_step: int, bytes: int, phase: str = "begin", rank: int | None = None,
                     role: str | None = None, target: str | None = None) -> Fault:
-    """Hold ``bytes`` more on the target from the point on (a torch upgrade added about 200 MB
-    per GPU, and the ranks with the least headroom died silently). CUDA memory when the rank
-    uses a GPU, else resident host memory.
+    """Hold ``bytes`` more on the target from the point on, as a dependency upgrade that grows
+    every rank's footprint does: the ranks with the least headroom die first, often silently.
+    CUDA memory when the rank uses a GPU, else resident host memory.
 
     With ``memory_budget_bytes`` set on the scenario, the supervisor ends a rank whose peak RSS
     passes the budget (as the OOM killer would) and the verdict names the rank and phase; the

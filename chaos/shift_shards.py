@@ -54,8 +54,8 @@ def shift_shards(*, to_world_size: int | None = None, at_step: int, phase: str =
 def drain(*, world_size: int, at_step: int, fraction: float = 0.5, waves: int = 2,
           every: int = 2, notice_s: float = 30.0) -> list[Fault]:
     """A maintenance window: drain ``fraction`` of ``world_size`` ranks in ``waves`` planned
-    reshards, ``every`` steps apart, each with ``notice_s`` of notice (an inference cluster's
-    maintenance halved the training world in waves, each a full save and resharded load).
+    reshards, ``every`` steps apart, each with ``notice_s`` of notice: a maintenance window that
+    shrinks the world in steps, each a full save and resharded load.
 
     Returns several faults; pass them in ``faults=`` as they are (nested lists are flattened).
     Layer: that of ``shift_shards``, repeated: each wave is a full save, exit and resharded load.

@@ -14,10 +14,9 @@ and device health for a workload's health monitor: ECC counters, retired pages, 
 A field a source cannot read is None, never a 0 standing in for "unknown". On CUDA,
 ``allocator_fragmentation()`` reads the caching allocator (1 - largest free block / total free)
 and ``record_allocator(run)`` puts it in the history for the ``allocator_fragmentation`` checker;
-on CPU there is no caching allocator and both return None. That measure is what explained an
-inference cluster of 64 H100s where every shard migration (load balancing, maintenance, scaling)
-forced a full checkpoint rollback, costing 4, 8 and then 12 hours: the GPU memory layout, with
-the allocator fragmented above about 30% of free memory.
+on CPU there is no caching allocator and both return None. Fragmentation is measured because a
+shard migration needs large contiguous blocks: past about 30% of free memory it fails although
+enough memory is free in total.
 
     from pytest_reshard import telemetry
 
@@ -537,8 +536,7 @@ def sample(device: str | None = None, *, use_nvml: bool = True) -> Sample:
 
 
 # -- the CUDA caching allocator ------------------------------------------------------------------
-#: Above this, a large allocation may fail although enough memory is free: on a 64-H100 inference
-#: cluster, fragmentation above 30% of free memory made every shard migration a full rollback.
+#: Above this, a large allocation (a shard migration's) may fail although enough memory is free.
 FRAGMENTATION_ALERT = 0.30
 
 
