@@ -197,7 +197,7 @@ def worker(spec: dict[str, Any]) -> int:
             k = spec["join_change"]
             run = _recorder(0, segments[k + 1][0])
             if spec["joiner_mode"] == "warm":  # pay the first model construction now
-                out["warm_up_s"] = lm_live.warm_up(cfg)
+                out["warm_up_s"] = lm.warm_up(cfg)
             out["t_waiting"] = time.time()
             control.set(f"c{k}/joiner_ready/{spec['joiner']}", repr(out["t_waiting"]))
             control.wait([f"c{k}/stopped"])
@@ -215,7 +215,7 @@ def worker(spec: dict[str, Any]) -> int:
                 rec["t_stop"] = out["steps"][-1]["t1"]
                 if old_rank == 0:
                     control.set(f"c{k}/stopped", repr(rec["t_stop"]))
-            new, phases = lm_live.reshard_trainer(trainer, cfg, run, change, old_rank=old_rank,
+            new, phases = lm.reshard_trainer(trainer, cfg, run, change, old_rank=old_rank,
                                                   joiner=spec.get("joiner", 0),
                                                   method=spec["method"], bug=spec["bug"])
             trainer = None

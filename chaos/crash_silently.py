@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
+
 
 def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = None,
                    role: str | None = None, target: str | None = None,
                    then_world_size: int | None = None) -> Fault:
-    """The target vanishes with exit code 0 and no traceback, as GPU drafter processes did in a
-    speculative-decoding training run: two of three died during ramp-up with no error at all.
+    """The target vanishes with exit code 0 and no traceback: a death that no error path sees,
+    so only the supervisor can notice it.
 
     Layer: ``os._exit(0)`` at the point, so no exception handler, atexit hook or probe ``exit``
     event runs. The supervisor must notice a rank that left early without a planned event.
@@ -23,7 +26,7 @@ def crash_silently(*, at_step: int, phase: str = "backward", rank: int | None = 
                  then(then_world_size))
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     os._exit(0)  # no traceback, no exit event, exit code 0
 
 

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 CUDA_ECC_ERROR = "CUDA error: uncorrectable ECC error encountered"
 
@@ -51,14 +54,14 @@ def ecc_error(*, at_step: int, phase: str = "forward", rank: int | None = None,
                  {"kind": kind, "xid": xid, "layer": layer.value, **then(then_world_size)})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     params = fault["params"]
     if params.get("layer", EccLayer.TELEMETRY) == EccLayer.COMPUTE:
-        from pytest_reshard.probe import InjectedFault
+        from pytest_reshard.rank.probe import InjectedFault
 
         raise InjectedFault(f"{CUDA_ECC_ERROR} (injected: {params.get('kind', 'dbe')}, "
                             f"Xid {params.get('xid') or 48})")
-    from pytest_reshard import telemetry
+    from pytest_reshard.rank import telemetry
 
     telemetry.inject_ecc(run, kind=params.get("kind", "dbe"), xid=params.get("xid"))
 

@@ -1,11 +1,14 @@
 """``kill_at_file_event``: a SIGKILL at the Nth file event of a save, or in the middle of a write."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 MODES = ("before", "torn", "flip")
 
@@ -42,9 +45,9 @@ def kill_at_file_event(*, at_step: int, event: int, mode: str = "before", rank: 
                  params)
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     p = fault["params"]
-    run._watch_files().arm(p["event"], p["mode"], p.get("tear_bytes", 0))
+    run.watch_files().arm(p["event"], p["mode"], p.get("tear_bytes", 0))
 
 
 register(FaultKind("kill_at_file_event", execute=execute, ending=Ending.DEATH, watches_files=True,

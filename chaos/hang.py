@@ -5,12 +5,14 @@ import enum
 import os
 import signal
 import threading
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 class HangMode(str, enum.Enum):
@@ -46,7 +48,7 @@ def hang(*, at_step: int, phase: str = "backward", rank: int | None = None,
                  {"mode": mode.value, **then(then_world_size)})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     if fault["params"].get("mode") == HangMode.BLOCK:
         threading.Event().wait()  # wedged in the phase, heartbeat still beating
     os.kill(os.getpid(), signal.SIGSTOP)

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def kill(*, at_step: int, phase: str = "backward", rank: int | None = None,
@@ -42,7 +45,7 @@ def kill_during_save(*, at_step: int, boundary: str = "commit", rank: int | None
     return Fault("kill", target_of(rank, None, target, "one"), at_step, phases[boundary], {})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of
 from pytest_reshard.contract import Env
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
@@ -27,15 +30,16 @@ def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
     return Fault("kill_node", target_of(rank, None, None, "one"), at_step, phase, {})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     """The agent (this rank's parent), every worker it started, then this rank."""
-    from pytest_reshard import probe
+    from pytest_reshard import procfs
+    from pytest_reshard.rank.probe import InjectedFault
 
     if Env.NODE not in os.environ:
-        raise probe.InjectedFault("kill_node needs ranks under a node's agent "
+        raise InjectedFault("kill_node needs ranks under a node's agent "
                                   "(launcher='elastic' or 'slurm')")
     agent = os.getppid()
-    for pid in (agent, *(p for p in probe.children(agent) if p != os.getpid())):
+    for pid in (agent, *(p for p in procfs.children(agent) if p != os.getpid())):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, FaultKind, register
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
+
 
 def memory_pressure(*, at_step: int, bytes: int, phase: str = "begin", rank: int | None = None,
                     role: str | None = None, target: str | None = None) -> Fault:
-    """Hold ``bytes`` more on the target from the point on (a torch upgrade added about 200 MB
-    per GPU, and the ranks with the least headroom died silently). CUDA memory when the rank
-    uses a GPU, else resident host memory.
+    """Hold ``bytes`` more on the target from the point on, as a dependency upgrade that grows
+    every rank's footprint does: the ranks with the least headroom die first, often silently.
+    CUDA memory when the rank uses a GPU, else resident host memory.
 
     With ``memory_budget_bytes`` set on the scenario, the supervisor ends a rank whose peak RSS
     passes the budget (as the OOM killer would) and the verdict names the rank and phase; the
@@ -26,17 +29,17 @@ def memory_pressure(*, at_step: int, bytes: int, phase: str = "begin", rank: int
                  {"bytes": int(bytes)})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     """Hold ``bytes`` more for the rest of the generation: CUDA memory when the rank uses a GPU,
     else resident host memory (every page written, so it really counts in RSS)."""
     size = int(fault["params"]["bytes"])
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        run._ballast.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+        run.hold(torch.empty(size, dtype=torch.uint8, device="cuda"))
         return
     ballast = bytearray(size)
     ballast[::4096] = b"\x01" * len(range(0, size, 4096))
-    run._ballast.append(ballast)
+    run.hold(ballast)
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import positive, target_of
 from pytest_reshard.contract import Cause, Env
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,
@@ -31,7 +34,7 @@ def preempt(*, at_step: int, phase: str = "forward", rank: int | None = None,
     return Fault("preempt", target_of(rank, role, target, "all"), at_step, phase, params)
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     if not os.environ.get(Env.SCHEDULER):  # else the scheduler signals the job (the launcher asks it)
         os.kill(os.getpid(), signal.SIGTERM)
 

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import positive
 from pytest_reshard.contract import Cause
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def shift_shards(*, to_world_size: int | None = None, at_step: int, phase: str = "optimizer",
@@ -51,8 +54,8 @@ def shift_shards(*, to_world_size: int | None = None, at_step: int, phase: str =
 def drain(*, world_size: int, at_step: int, fraction: float = 0.5, waves: int = 2,
           every: int = 2, notice_s: float = 30.0) -> list[Fault]:
     """A maintenance window: drain ``fraction`` of ``world_size`` ranks in ``waves`` planned
-    reshards, ``every`` steps apart, each with ``notice_s`` of notice (an inference cluster's
-    maintenance halved the training world in waves, each a full save and resharded load).
+    reshards, ``every`` steps apart, each with ``notice_s`` of notice: a maintenance window that
+    shrinks the world in steps, each a full save and resharded load.
 
     Returns several faults; pass them in ``faults=`` as they are (nested lists are flattened).
     Layer: that of ``shift_shards``, repeated: each wave is a full save, exit and resharded load.
@@ -70,14 +73,13 @@ def drain(*, world_size: int, at_step: int, fraction: float = 0.5, waves: int = 
             for i, size in enumerate(sizes)]
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     """The notice: ``run.reshard_requested()`` returns it from now on (a rebalance keeps the size)."""
-    from pytest_reshard.probe import ReshardNotice
+    from pytest_reshard.rank.probe import ReshardNotice
 
     params = fault["params"]
     size = int(params.get("to_world_size", run.world_size))
-    run._notice = ReshardNotice(size, time.time() + float(params["notice_s"]), fault["kind"])
-    run._emit("notice", kind=fault["kind"], to_world_size=size, deadline=run._notice.deadline)
+    run.notify_reshard(ReshardNotice(size, time.time() + float(params["notice_s"]), fault["kind"]))
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import positive, target_of
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
 
 
 def slow_rank(*, at_step: int, delay_ms: float, steps: int = 1, phase: str = "forward",
@@ -24,14 +27,12 @@ def slow_rank(*, at_step: int, delay_ms: float, steps: int = 1, phase: str = "fo
                  {"delay_ms": positive("delay_ms", delay_ms), "steps": int(steps)})
 
 
-def execute(run: Any, fault: Mapping[str, Any]) -> None:
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
     params = fault["params"]
     time.sleep(float(params["delay_ms"]) / 1000)
     left = int(params.get("steps", 1)) - 1
     if left > 0:  # the straggler stays slow: the same point of the next step, silently
-        again = {**fault, "step": fault["step"] + 1, "repeat": True,
-                 "params": {**params, "steps": left}}
-        run._faults.setdefault((again["step"], fault["phase"]), []).append(again)
+        run.repeat_fault(fault, step=fault["step"] + 1, params={**params, "steps": left})
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -12,8 +12,8 @@ from typing import Any
 
 __all__ = ["chaos", "probe", "Session", "scenario_from", "Result", "ReshardAssertionError",
            "Verdict"]
-_MODULES = {"chaos": "chaos", "probe": "probe", "strategies": "schedule.strategies",
-            "telemetry": "telemetry"}
+_MODULES = {"chaos": "chaos", "probe": "rank.probe", "strategies": "schedule.strategies",
+            "telemetry": "rank.telemetry"}
 _LAZY = {"Session": "session", "scenario_from": "session", "Result": "result",
          "ReshardAssertionError": "result", "Verdict": "verdict"}
 

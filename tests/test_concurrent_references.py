@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard import chaos, session as session_mod
+from pytest_reshard import chaos
+from pytest_reshard.session import references as references_mod
 from pytest_reshard.session import Session, concurrent_reference_ok, scenario_from
 
 TOY = str(Path(__file__).resolve().parent / "workloads" / "toy_train.py")
@@ -124,9 +125,9 @@ def test_an_interrupted_scenario_ends_its_reference(tmp_path, monkeypatch):
 
 
 def test_the_default_needs_two_cpus_per_rank_of_both_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(session_mod, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(references_mod, "usable_cpus", lambda: 16)
     assert concurrent_reference_ok(4, 4) and not concurrent_reference_ok(4, 5)
-    monkeypatch.setattr(session_mod, "usable_cpus", lambda: 7)
+    monkeypatch.setattr(references_mod, "usable_cpus", lambda: 7)
     assert not concurrent_reference_ok(2, 2)
     with Session(tmp_path) as s:  # the default on a machine short of cores: one after the other
         s._start_reference(_scenario())

@@ -10,9 +10,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: Lowest first. A module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("pytest_reshard.contract", "pytest_reshard.verdict"),
-    ("pytest_reshard.probe", "pytest_reshard.filewatch", "pytest_reshard.telemetry", "pytest_reshard.schedule",
-     "pytest_reshard.chaos"),
+    ("pytest_reshard.contract", "pytest_reshard.verdict", "pytest_reshard.procfs"),
+    ("pytest_reshard.rank", "pytest_reshard.probe", "pytest_reshard.filewatch", "pytest_reshard.telemetry",
+     "pytest_reshard.schedule", "pytest_reshard.strategies", "pytest_reshard.chaos"),
     ("pytest_reshard.supervisor", "pytest_reshard.workloads", "pytest_reshard.fixtures",
      "pytest_reshard.adapters"),
     ("pytest_reshard.history",),
@@ -78,15 +78,46 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not wrong, "\n".join(wrong)
 
 
-@pytest.mark.parametrize("module", ["probe.py", "filewatch.py"])
-def test_the_probe_imports_only_the_standard_library_and_the_contract(module):
+#: What the rank side may import: a training script that imports the probe pulls in nothing else.
+RANK_SIDE_MAY_IMPORT = ("pytest_reshard.contract", "pytest_reshard.procfs", "pytest_reshard.rank")
+#: Optional device libraries the rank side may import inside a function, where it needs them
+#: (telemetry's NVML reader); never at module level.
+RANK_SIDE_LAZY = ("pynvml", "torch")
+
+
+def rank_side_imports(path: Path):
+    """(line, imported module, at module level?) for every import of a rank-side file, those
+    under ``if TYPE_CHECKING:`` included: the rank side names nothing of the harness at all."""
+    tree = ast.parse(path.read_text())
+    nested = {id(n) for node in ast.walk(tree)
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+              for n in ast.walk(node) if n is not node}
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            names += [node.module] if node.module != "pytest_reshard" else []
+        for name in names:
+            yield node.lineno, name, id(node) not in nested
+
+
+RANK_SIDE = sorted((ROOT / "pytest_reshard" / "rank").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", RANK_SIDE, ids=[p.name for p in RANK_SIDE])
+def test_the_rank_side_imports_only_the_standard_library_the_contract_and_itself(path):
     stdlib = sys.stdlib_module_names
-    found = {target for _, target in imports(ROOT / "pytest_reshard" / module)}
-    ours = ("pytest_reshard.contract", "pytest_reshard.filewatch")
-    foreign = sorted(t for t in found
-                     if t.split(".")[0] not in stdlib and t not in ours
-                     and not t.startswith(tuple(o + "." for o in ours)))
-    assert not foreign, f"the probe imports {foreign}; a training script must not pull them in"
+    foreign = sorted(f"{path.name}:{line}: {target}" for line, target, top in rank_side_imports(path)
+                     if target.split(".")[0] not in stdlib
+                     and not any(target == o or target.startswith(o + ".") for o in RANK_SIDE_MAY_IMPORT)
+                     and not (not top and target.split(".")[0] in RANK_SIDE_LAZY))
+    assert not foreign, f"the rank side imports {foreign}; a training script must not pull them in"
+
+
+def test_the_rank_side_rule_sees_the_whole_rank_package():
+    assert {p.name for p in RANK_SIDE} >= {"__init__.py", "probe.py", "filewatch.py", "telemetry.py"}
 
 
 def import_graph(*, include_type_checking: bool = False) -> dict[str, set[str]]:

@@ -149,3 +149,26 @@ def test_live_reshard_hands_the_rank_to_the_next_generation(tmp_path, monkeypatc
                        "WORLD_SIZE": "2"})
     with pytest.raises(RuntimeError, match="cannot reshard in place: launcher 'x' cannot"):
         again.live_reshard(6)
+
+
+def test_executors_act_through_the_runs_public_interface(tmp_path):
+    """A straggler over two steps (``repeat_fault``: one fault event, two sleeps), memory
+    pressure (``hold``) and a notice (``notify_reshard``), with no private attribute touched."""
+    run = make_run(tmp_path, [
+        {"id": 0, "kind": "slow_rank", "ranks": [1], "step": 0, "phase": "forward",
+         "params": {"delay_ms": 1.0, "steps": 2}},
+        {"id": 1, "kind": "memory_pressure", "ranks": [1], "step": 1, "phase": "begin",
+         "params": {"bytes": 1 << 16}},
+        {"id": 2, "kind": "shift_shards", "ranks": [1], "step": 2, "phase": "end",
+         "params": {"to_world_size": 1, "notice_s": 5}}])
+    for step in range(3):
+        with run.step(step) as s:
+            s.point("forward")
+    evs = events(tmp_path)
+    assert [(e["step"], e["kind"]) for e in evs if e["ev"] == "fault"] == \
+        [(0, "slow_rank"), (1, "memory_pressure"), (2, "shift_shards")]
+    assert [e["step"] for e in evs if e["ev"] == "point"] == [0, 1, 2]
+    notice = [e for e in evs if e["ev"] == "notice"]
+    assert len(notice) == 1 and notice[0]["to_world_size"] == 1
+    assert run.reshard_requested().deadline == notice[0]["deadline"]
+    assert not run._faults  # the repeat at step 1 fired and was consumed

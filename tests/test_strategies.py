@@ -132,3 +132,15 @@ def test_bad_profile_rejected_naming_its_source(pytester, monkeypatch, args, env
     result = pytester.runpytest(*args)
     assert result.ret != 0
     result.stderr.fnmatch_lines([message])
+
+
+def test_strategies_is_an_importable_module_under_the_package():
+    """``from pytest_reshard.strategies import schedules`` (the README's path) imports, and it is
+    the same module as ``pytest_reshard.schedule.strategies`` and the package's attribute."""
+    import pytest_reshard
+    from pytest_reshard.schedule import strategies as home
+    from pytest_reshard.strategies import schedules
+
+    import pytest_reshard.strategies as alias
+
+    assert alias is home and pytest_reshard.strategies is home and schedules is home.schedules

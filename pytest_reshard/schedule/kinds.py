@@ -23,6 +23,7 @@ name, or from its file when its module is not importable there (a ``conftest.py`
 from __future__ import annotations
 
 import enum
+import importlib
 import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -66,8 +67,9 @@ class FaultKind:
     """One kind of fault.
 
     - ``execute(run, fault)``: runs inside each targeted rank at the fault point (``run`` is the
-      probe's ``Run``, ``fault`` the plan entry: ``kind``, ``id``, ``step``, ``phase``,
-      ``params``). What must come from outside (a deadline, SIGKILL after grace) the supervisor
+      probe's ``Run``, acted on through its executor interface: ``emit``, ``hold``,
+      ``notify_reshard``, ``repeat_fault``, ``watch_files``; ``fault`` the plan entry: ``kind``,
+      ``id``, ``step``, ``phase``, ``params``). What must come from outside (a deadline, SIGKILL after grace) the supervisor
       enforces from ``ending``.
     - ``ending``: an ``Ending``, or a function of the fault's params returning one (an ECC error
       kills only at the compute layer).
@@ -134,8 +136,14 @@ def unregister(name: str) -> None:
     _KINDS.pop(name, None)
 
 
+#: The modules that declare the bundled kinds, loaded on the first lookup like any plugin: the
+#: registry sits below them (they import it to register), so it names them instead of importing.
+BUNDLED = ("pytest_reshard.chaos",)
+
+
 def _load_bundled() -> None:
-    import pytest_reshard.chaos  # noqa: F401 - declares the bundled kinds
+    for module in BUNDLED:
+        importlib.import_module(module)
 
 
 def get(name: str) -> FaultKind:

@@ -16,6 +16,7 @@ registered runs as ``python SCRIPT ARGS`` with one role and the standard phases.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -96,8 +97,14 @@ def unregister(name: str) -> None:
     _SPECS.pop(name, None)
 
 
+#: The packages that register the bundled workloads (lm, dflash), loaded on the first lookup like
+#: any plugin: they import this registry to register, so it names them instead of importing.
+BUNDLED = ("pytest_reshard.fixtures",)
+
+
 def _load_bundled() -> None:
-    import pytest_reshard.fixtures  # noqa: F401 - registers lm and dflash
+    for module in BUNDLED:
+        importlib.import_module(module)
 
 
 def registered() -> list[str]:

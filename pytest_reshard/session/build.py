@@ -1,0 +1,56 @@
+"""``scenario_from``: a Scenario from plain arguments, with every mistake rejected before a
+process starts, in words that say what to change."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pytest_reshard import workloads
+from pytest_reshard.schedule import Fault, Schedule, kinds, validate
+from pytest_reshard.supervisor import launch
+from pytest_reshard.supervisor.policies.membership import check_scenario as check_membership
+from pytest_reshard.supervisor.scenario import Scenario, expand_roles
+
+__all__ = ["scenario_from"]
+
+
+def _check_nodes(world_size: int, options: dict[str, Any]) -> None:
+    """Multi-node settings that cannot work, rejected before any agent starts."""
+    nodes = int(options.get("nodes", 1))
+    multi_node = bool(options.get("launcher")) and launch.facts(options["launcher"])["multi_node"]
+    if multi_node and (nodes < 1 or world_size % nodes):
+        raise ValueError(f"launcher={options['launcher']!r}: world_size {world_size} must split "
+                         f"evenly into nodes={nodes} (each node runs world_size / nodes ranks)")
+
+
+def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequence[Fault] = (),
+                  seed: int = 0, **options: Any) -> Scenario:
+    """Build a Scenario, rejecting bad input with messages that say what to change."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    flat: list[Fault] = []
+    for f in faults:  # injectors such as chaos.drain return several faults
+        for one in (f if isinstance(f, (list, tuple)) else [f]):
+            if not isinstance(one, Fault):
+                raise TypeError(f"faults must be built with pytest_reshard.chaos, got {one!r}")
+            flat.append(one)
+    schedule = Schedule(seed, flat)
+    # A kind that fires at a file event needs them recorded, in the clean reference run too.
+    options["files"] = bool(options.get("files")) or any(kinds.get(f.kind).watches_files
+                                                         for f in flat)
+    if options.get("roles") is not None:
+        options["roles"] = expand_roles(options["roles"], world_size)
+    spec = workloads.get(workload)
+    if not options.get("phases") and spec is not None and spec.phases:
+        options["phases"] = list(spec.phases)
+    if options.get("launcher"):
+        launch.launcher_class(options["launcher"])  # an unknown one: the error lists them
+    _check_nodes(world_size, options)
+    facts = launch.facts(options["launcher"]) if options.get("launcher") else {}
+    validate(schedule, world_size=world_size, steps=steps, phases=options.get("phases") or (),
+             options={**facts, **options})  # a kind's requires() reads the launcher's facts
+    scenario = Scenario(workload=workload, world_size=world_size, steps=steps, schedule=schedule,
+                        **options)
+    check_membership(scenario)
+    return scenario
