@@ -9,6 +9,7 @@ from pytest_reshard import checkers
 from pytest_reshard.checkers import (SPREAD_FACTOR, exactly_once_samples, liveness,
                                      loss_continuity, measure_spread, no_rewind,
                                      state_equivalence)
+from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict, combine
 
 KILL = {"kind": "kill", "target": "rank:1", "step": 14, "phase": "backward", "params": {}}
@@ -556,3 +557,28 @@ def test_a_scheduler_sigterm_never_recorded_is_a_pass_only_when_the_probe_would_
     assert v.status == ("unknown" if unknown else "pass"), v
     if unknown:
         assert "recorded no SIGTERM after the scheduler was asked to preempt" in v.message
+
+
+def test_loss_continuity_a_resume_across_sizes_may_move_as_a_change_of_size_does() -> None:
+    """Dropout drawn per rank: the clean runs at 2 and 3 ranks differ from step 0, before any
+    update, so a resume at 3 ranks may land that far off the 2-rank curve: unknown (the README's
+    promise for training that depends on the size), not a jump. A leap beyond it still fails."""
+    def flat(s: int) -> float:
+        return 1.0 - 0.001 * s
+
+    def resharded(offset: float) -> History:
+        b = reshard_run(loss=lambda s: flat(s) + offset)
+        for e in b.events:  # generation 0 on the 2-rank curve
+            if e.get("gen") == 0 and e["ev"] == "record" and "loss" in e:
+                e["loss"] = flat(e["step"])
+        return b.history()
+
+    refs = [clean_run(world_size=2, loss=flat), clean_run(world_size=3, loss=lambda s: flat(s) + 0.05)]
+    v = loss_continuity(resharded(-0.07), references=refs)
+    assert v.status == "unknown", v
+    assert v.message.startswith("training depends on the world size: the clean runs at 2 ranks and "
+                                "3 ranks differ by 0.05 from step 0 (before any update"), v.message
+    v = loss_continuity(resharded(-0.2), references=refs)
+    assert v.status == "fail", v
+    assert v.message.startswith("loss jumps at resume point step 13 (generation 1, 3 ranks)"), v.message
+    assert "0.05 apart at this step across world sizes (0.05 before any update)" in v.message

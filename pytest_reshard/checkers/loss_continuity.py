@@ -25,7 +25,8 @@ generation's topology:
   passes; one that does not is ``unknown``, never pass and never fail, with what to change.
 - **A jump at a resume point**: a resumed generation's first loss may not move from the previous
   kept step's by more than the clean runs ever moved between two consecutive steps (plus the
-  step's tolerance). That is a fail whatever the floors say: a person looking at the chart would
+  step's tolerance and, across sizes, how far apart the clean runs are there and were before
+  any update). That is a fail whatever the floors say: a person looking at the chart would
   call it broken.
 
 The pure function takes the clean runs as histories; the registered checker asks the check
@@ -202,6 +203,7 @@ class _Jump(NamedTuple):
     after: float
     allowed: float      # what the clean runs ever moved in (step - prev) steps
     apart: float        # how far apart the clean runs of the path are at this step
+    switch: float       # ... and at their first step, before any update
     tol: float
 
 
@@ -352,13 +354,17 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
         allowed = max(_largest_move(v, r - p) for v in refs.values())
         # where training depends on the world size, the loss at r may also be as far from the
         # previous size's as the clean runs at the two sizes are apart there
-        apart = max([abs(refs[a][r] - refs[b][r]) for a, b in combinations(paths[g], 2)
-                     if a in refs and b in refs and r in refs[a] and r in refs[b]] or [0.0])
+        sizes = [pair(a, b) for a, b in combinations(paths[g], 2) if a in refs and b in refs]
+        apart = max([x.spread[r] for x in sizes if r in x.spread] or [0.0])
+        # and by as much as a change of size moves the loss of one state: the clean runs'
+        # difference at their first step, before any update (dropout masks drawn per rank, a
+        # global batch split otherwise), which a resume at another size adds once
+        switch = max([x.spread[min(x.spread)] for x in sizes if x.spread] or [0.0])
         row = by_step[r]
         tol = row.tol if math.isfinite(row.tol) else 0.0
         before, after = run[p][1], run[r][1]
-        if abs(after - before) > allowed + apart + tol:
-            jumps.append(_Jump(r, run[r][0], p, before, after, allowed, apart, tol))
+        if abs(after - before) > allowed + apart + switch + tol:
+            jumps.append(_Jump(r, run[r][0], p, before, after, allowed, apart, switch, tol))
 
     details: dict[str, Any] = {
         "factor": SPREAD_FACTOR, "compared": sum(r.ref is not None for r in rows),
@@ -400,10 +406,11 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
                     f"{j.after:.6g}, a move of {abs(j.after - j.before):.3g}; the clean runs never "
                     f"moved more than {j.allowed:.3g} in {j.step - j.prev} "
                     f"step{'s' if j.step - j.prev != 1 else ''}"
-                    + (f", and are {j.apart:.3g} apart at this step across world sizes"
-                       if j.apart else "")
-                    + "; the resumed state is not the saved one (model weights, optimizer "
-                      "moments, LR schedule, data position or RNG): see state_equivalence")
+                    + (f", and are {j.apart:.3g} apart at this step across world sizes "
+                       f"({j.switch:.3g} before any update)" if j.apart or j.switch else "")
+                    + "; a resumed state that is not the saved one (model weights, optimizer "
+                      "moments, LR schedule, data position or RNG) does this: see "
+                      "state_equivalence")
         else:
             assert first_row is not None
             r = first_row

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Mapping, NoReturn, Sequence
 
 from pytest_reshard.supervisor.procfs import killpg
 
@@ -51,6 +51,43 @@ def exit_code(status: int) -> int:
     return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
+#: One thread per OpenMP/OpenBLAS/MKL pool: importing torch otherwise starts a pool, and forking
+#: a process with threads is unsafe.
+ONE_THREAD_PER_POOL = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: pyarrow's jemalloc starts a purging thread (``jemalloc_bg_thd``) when it loads, and
+#: ``import datasets`` loads it (transformers' Trainer and torchtitan's data loader import
+#: datasets). Without the thread jemalloc purges on allocation instead: same memory, same results.
+NO_JEMALLOC_THREAD = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}
+
+
+#: Threads we know by name, and the setting that stops each.
+KNOWN_THREADS = {"jemalloc_bg_thd": "pyarrow's jemalloc (import datasets): set "
+                                    "JE_ARROW_MALLOC_CONF=background_thread:false"}
+
+
+def server_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's own environment (a rank's is the one its launch asks for): single-threaded
+    pools, and jemalloc without its thread unless the user configured jemalloc themselves."""
+    return {**NO_JEMALLOC_THREAD, **environ, **ONE_THREAD_PER_POOL}
+
+
+def thread_names() -> list[str]:
+    """The names of this process's threads other than the main one (``/proc``, Linux only)."""
+    try:
+        tasks = sorted(os.listdir("/proc/self/task"), key=int)
+    except FileNotFoundError:
+        return []
+    names = []
+    for tid in tasks:
+        if int(tid) == os.getpid():
+            continue
+        try:
+            names.append(Path(f"/proc/self/task/{tid}/comm").read_text().strip())
+        except OSError:  # it ended meanwhile
+            continue
+    return names
+
+
 class ForkServer:
     """Client side. ``spawn`` a rank, ``poll`` for exits, ``close`` to end everything."""
 
@@ -69,10 +106,7 @@ class ForkServer:
             [sys.executable, "-m", "pytest_reshard.supervisor.launch.forkserver", str(theirs.fileno()),
              str(os.getpid()), *self.preload],
             pass_fds=[theirs.fileno()], start_new_session=True,
-            # One thread per pool: importing torch otherwise starts an OpenMP/OpenBLAS pool,
-            # and a process with threads is unsafe to fork.
-            env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                 "MKL_NUM_THREADS": "1"},
+            env=server_environment(os.environ),
         )
         theirs.close()
         reply = self._read_reply(startup_timeout)
@@ -318,10 +352,17 @@ def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
     except BaseException as e:  # report, don't hang the client
         sock.sendall((json.dumps({"ready": False, "error": f"preload {name}: {e!r}"}) + "\n").encode())
         return
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
-    if threads > 1:  # forking a threaded process can deadlock the children: refuse
-        sock.sendall((json.dumps({"ready": False, "error": f"preloading {list(preload)} started "
-                                  f"{threads - 1} thread(s); fork is unsafe"}) + "\n").encode())
+    threads = thread_names()
+    if threads:  # forking a threaded process can deadlock the children: refuse
+        known = [f"{name} is {KNOWN_THREADS[name]}" for name in sorted(set(threads) & set(KNOWN_THREADS))]
+        error = (f"preloading {list(preload)} started {len(threads)} thread(s) ({', '.join(threads)}), "
+                 "and forking a process with threads is unsafe. "
+                 + ("; ".join(known) + ". " if known else
+                    "Find the import that starts one (python -c 'import MODULE' and list "
+                    "/proc/PID/task/*/comm) and stop it with that library's setting in the "
+                    "environment. ")
+                 + "Or run cold with --reshard-launcher=local (slower: every rank imports torch).")
+        sock.sendall((json.dumps({"ready": False, "error": error}) + "\n").encode())
         return
     # What the preloads left is the ranks' shared, read-only base: collect its garbage once, then
     # freeze it, so that no rank's collector scans it again (a full collection in every rank,
