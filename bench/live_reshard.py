@@ -69,7 +69,7 @@ def main() -> None:
                 print(f"{way:5s} run {i}: " + "; ".join(line), flush=True)
     print(f"\nmedians of {args.repeats} (LM {args.size}, 4 -> 3 after step 3, 3 -> 4 after step 7)")
     print(f"{'change':8s} {'way':6s} {'ready s':>9s} {'+1st step s':>12s} {'vs live':>8s}")
-    for c, (step, size) in enumerate(CHANGES):
+    for c in range(len(CHANGES)):
         base = statistics.median(ready[("live", c)]) if "live" in ways else None
         for way in ways:
             r = statistics.median(ready[(way, c)])

@@ -576,7 +576,7 @@ def report(args: argparse.Namespace, base: dict[str, Any], runs: list[dict[str, 
         print(f"    first step at the new size: live {_fmt(lc['first_step_s'])} s, relaunch "
               f"{_fmt(rc['first_step_s'])} s")
     # -- correctness, per repeat (the last one printed in full)
-    for i, r in enumerate(runs):
+    for r in runs:
         la, lb = _loss_by_step(r["relaunch"]["results"]), _loss_by_step(r["live"]["results"])
         da, db = _digests(r["relaunch"]["results"]), _digests(r["live"]["results"])
         st = r["state"]

@@ -296,7 +296,7 @@ def main() -> int:
                 proc.wait(timeout=max(1.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 raise SystemExit(f"rank process {proc.pid} still running after --timeout "
-                                 f"{args.timeout:.0f} s; its log is in {out}")
+                                 f"{args.timeout:.0f} s; its log is in {out}") from None
         job.note("done", exit_codes={g: [q.returncode for q in ps] for g, ps in job.procs.items()})
     finally:
         job.kill_all()

@@ -10,10 +10,10 @@ At collection a clean run of the marker's scenario records every file event of i
 through a lock. ``file_point`` is parametrized with one ``FilePoint`` per file event of that
 save on that rank (a SIGKILL before it) and one more per ``write`` (the file torn at half its
 bytes), and with ``flip=True`` one per data file with a byte flipped after it was written
-(which some checker must catch: ``FilePoint.judge``); each runs as its own test, so ``-n`` and ``--reshard-shard`` split the sweep, and each is
-judged by every checker (``crash_consistency`` among them). The terminal shows the matrix (event x
-mode x verdict) and the smallest failing point's replay command; ``sweep.html`` and
-``sweep.json`` in the artifacts folder keep it.
+(which some checker must catch: ``FilePoint.judge``); each runs as its own test, so ``-n`` and
+``--reshard-shard`` split the sweep, and each is judged by every checker (``crash_consistency``
+among them). The terminal shows the matrix (event x mode x verdict) and the smallest failing
+point's replay command; ``sweep.html`` and ``sweep.json`` in the artifacts folder keep it.
 
 The events of a save are those its rank makes from the start of the save's step to the start of
 the next step, and later writes under a folder that save created (an async save's tail).

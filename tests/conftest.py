@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard.supervisor import procfs as processes
+from pytest_reshard import procfs as processes
 
 pytest_plugins = ["pytester"]
 WORKLOADS = Path(__file__).parent / "workloads"

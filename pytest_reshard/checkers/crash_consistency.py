@@ -255,7 +255,7 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
     for k in sorted(wanted):
         wrong = []
         missing: dict[tuple[str, str], list[str]] = {}   # (folder, how) -> files
-        for path, size in sorted(wanted[k].items()):
+        for path in sorted(wanted[k]):
             have = disk.get(path)
             last = done.files.get(path)
             mine = done.by_save.get(path, {}).get(k)

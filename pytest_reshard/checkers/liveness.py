@@ -88,7 +88,7 @@ def _never_started_problem(history: History, run_dir: Path | None) -> dict[str, 
                "that never attaches)")
         rank = missing[0]
     else:
-        who = (f"every rank attached (probe.attach()) but none began a step: blocked in setup "
+        who = ("every rank attached (probe.attach()) but none began a step: blocked in setup "
                "(init_process_group waiting for a peer, loading data or a checkpoint)")
         rank = 0
     ended = history.final_generation

@@ -19,7 +19,7 @@ def poisoned_commit(history: History) -> Verdict:
     """No step commits in a generation where a fatal ECC error hit one of its ranks during that
     step, before its update: an uncorrectable error makes that step's gradients untrustworthy,
     and nothing in the loss, samples or state shows it afterwards."""
-    from pytest_reshard.telemetry import FATAL_XIDS
+    from pytest_reshard.rank.telemetry import FATAL_XIDS
 
     check = "poisoned_commit"
     never = history.never_started()

@@ -185,7 +185,7 @@ def state_equivalence(history: History) -> Verdict:
         per_rank = set(load.per_rank).union(*(s.per_rank for s in earlier.values()))
         src_gen = max(g for g, _, _ in earlier)
         baseline: dict[str, tuple[str, str, int | None]] = {}
-        for comp, d in load.digest.items():
+        for comp in load.digest:
             if comp in per_rank:
                 mine = sorted((g for g, r, _ in earlier if r == rank and comp in
                                earlier[(g, r, step)].digest), reverse=True)
@@ -221,10 +221,11 @@ def state_equivalence(history: History) -> Verdict:
                 baseline[comp] = (earlier[(g_latest, r_low, step)].digest[comp],
                                   f"saved in generation {g_latest}", g_latest)
             else:
+                saved = ", ".join(sorted(set().union(*(s.digest for s in earlier.values()))))
                 missing.append({
                     "message": f"{comp} was loaded by rank {rank} in generation {gen} for step "
                                f"{step}, but no rank saved {comp} for step {step} (saved: "
-                               f"{', '.join(sorted(set().union(*(s.digest for s in earlier.values())))) or 'nothing'}): "
+                               f"{saved or 'nothing'}): "
                                f"its restored state cannot be what was saved; record it at the "
                                "save too (the same component name at save and load)",
                     "step": step, "rank": rank, "generation": gen, "component": comp})

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS",
+           "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl", "write_json", "encode_event"]
 
 
@@ -39,10 +40,10 @@ class Env:
     STEPS = "RESHARD_STEPS"                # the scenario's step count
     ROLE = "RESHARD_ROLE"                  # this rank's role ("trainer", "target", "drafter", ...)
     PORT_RANGE = "RESHARD_PORT_RANGE"      # LO-HI: ports the harness may pick (one range per xdist worker)
-    HUB = "RESHARD_HUB"                    # HOST:PORT: the rank runs on another machine; it reports over TCP (``HUB_PROTOCOL``)
+    HUB = "RESHARD_HUB"                    # HOST:PORT: the rank is on another machine and reports over TCP
     NODE = "RESHARD_NODE"                  # the node (agent) a rank runs under, when agents start the ranks
     SCHEDULER = "RESHARD_SCHEDULER"        # "slurm": the scheduler delivers preemptions, not the rank itself
-    JOIN = "RESHARD_JOIN"                  # a rank started to join a live reshard: the generation it changes (``RunDir.live``)
+    JOIN = "RESHARD_JOIN"                  # a rank started to join a live reshard: the generation it changes
     PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
 
 
@@ -77,8 +78,9 @@ class Ev(str, enum.Enum):
     ABORT = "abort"            # the supervisor gave up: detail
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
-    MEMBER = "member"          # membership mode (supervisor/membership.py): action "groups", "lighthouse" (address, settings), "restart" (gen, group, ranks, incarnation, cause, codes, delay_s), "preempt", "grace_expired", "dropped" or "exhausted"
-    NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation (job, nodes), each step (gen, name, nodes)
+    MEMBER = "member"          # membership mode: action (a ``MemberAction``) and its fields
+    NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation
+                               # (job, nodes), each step (gen, name, nodes)
 
     def __str__(self) -> str:
         return self.value

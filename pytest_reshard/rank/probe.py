@@ -296,8 +296,9 @@ class Run:
 
         ``source`` says where the state came from, for the report (free text: ``"fresh"``,
         ``"checkpoint"``, ``"emergency"`` for a snapshot taken after a failure, ...); the
-        checkers judge the step, not the source. ``max_rewind_steps`` may be declared here instead of at ``attach`` when the budget
-        depends on what the workload found (a pipeline's count of replicated ranks, say)."""
+        checkers judge the step, not the source. ``max_rewind_steps`` may be declared here instead
+        of at ``attach`` when the budget depends on what the workload found (a pipeline's count of
+        replicated ranks, say)."""
         if self.active:
             self.emit(Ev.RESUMED, step=int(step), source=source, max_rewind_steps=max_rewind_steps)
 

@@ -35,10 +35,10 @@ class Scenario:
     min_nodes: int = 1             # elastic: the rendezvous goes on down to this many nodes
     network: str = "auto"          # elastic: netns (a namespace and address per node), loopback, auto
     files: bool = False            # record every file event of the ranks, and the work folder at each generation's end
-    replica_groups: int | None = None  # membership mode: a death restarts only its replica group of world_size / G ranks (supervisor/membership.py)
+    replica_groups: int | None = None  # membership mode: a death restarts only its replica group (world_size / G ranks)
     member_restarts: int = 3       # membership mode: restarts allowed per replica group and generation
-    member_restart_delay_s: float = 0.0  # membership mode: a dead group comes back this much later (a replacement node)
-    lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings (heartbeat_timeout_ms, ...)
+    member_restart_delay_s: float = 0.0  # membership mode: a dead group comes back this much later
+    lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings
 
     def initial_roles(self) -> list[str]:
         """Each rank's role in the first generation: as given, else the workload's default."""

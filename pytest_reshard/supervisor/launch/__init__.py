@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Protocol, Sequence
 
 from pytest_reshard.contract import Cause, Env
-from pytest_reshard.supervisor import procfs
+from pytest_reshard import procfs
 
 __all__ = ["RankSpec", "LiveGeneration", "Regrouped", "Launcher", "LaunchContext", "register", "make",
            "launcher_class", "registered", "facts", "FACTS", "free_port", "parse_port_range", "KILL_WAIT_S"]
@@ -46,7 +46,8 @@ class RankSpec:
 
 
 class LiveGeneration:
-    """The live processes of one generation (``history.Generation`` is its record). ``exit_codes`` maps each rank to its code, None while it runs.
+    """The live processes of one generation (``history.Generation`` is its record). ``exit_codes``
+    maps each rank to its code, None while it runs.
 
     Launchers whose agents re-form the world themselves after a failure (``elastic``) override
     ``restarting``, ``next_world_size`` and ``advance``; for the others a generation ends with its

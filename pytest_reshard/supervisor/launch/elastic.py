@@ -36,7 +36,7 @@ from pytest_reshard.contract import Cause, Env, Ev
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
-from pytest_reshard.supervisor.procfs import children, killpg, running
+from pytest_reshard.procfs import children, killpg, running
 
 __all__ = ["RDZV_CONF", "ElasticLauncher"]
 

@@ -7,7 +7,7 @@ from pytest_reshard.contract import Cause
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               wait_until)
 from pytest_reshard.supervisor.launch.forkserver import ForkServer
-from pytest_reshard.supervisor.procfs import killpg
+from pytest_reshard.procfs import killpg
 from pytest_reshard.workloads import WARMUP
 
 

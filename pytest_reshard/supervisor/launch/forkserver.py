@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Mapping, NoReturn, Sequence
 
-from pytest_reshard.supervisor.procfs import killpg
+from pytest_reshard.procfs import killpg
 
 PR_SET_PDEATHSIG = 1
 

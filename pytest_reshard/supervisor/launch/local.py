@@ -9,7 +9,7 @@ from typing import Sequence
 from pytest_reshard.contract import Cause
 from pytest_reshard.supervisor.launch import KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
-from pytest_reshard.supervisor.procfs import killpg
+from pytest_reshard.procfs import killpg
 
 
 class PopenGeneration(LiveGeneration):

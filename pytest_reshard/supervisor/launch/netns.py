@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_reshard.supervisor import procfs as processes
+from pytest_reshard import procfs as processes
 
 __all__ = ["Network", "create", "netns_unavailable"]
 

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir
 from pytest_reshard.schedule import kinds
-from pytest_reshard.supervisor import procfs
+from pytest_reshard import procfs
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.elastic import _UNSET_FOR_AGENTS

@@ -15,7 +15,7 @@ from pytest_reshard.contract import Cause, Env
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
                                               free_port, module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
-from pytest_reshard.supervisor.procfs import killpg, running
+from pytest_reshard.procfs import killpg, running
 
 
 class TorchrunGeneration(LiveGeneration):

@@ -74,7 +74,7 @@ def _keep_default_group() -> None:
             _DEFAULT_GROUPS.append(pg)
         setter(self, pg)
 
-    setattr(world, "default_pg", property(slot.fget, keep, slot.fdel, slot.__doc__))
+    world.default_pg = property(slot.fget, keep, slot.fdel, slot.__doc__)
 
 
 if torch.distributed.is_available():

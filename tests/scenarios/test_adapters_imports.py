@@ -1,0 +1,13 @@
+"""The adapters import their framework themselves, lazily; nothing else in the package does."""
+import subprocess
+import sys
+
+
+FRAMEWORKS = ("transformers", "lightning", "pytorch_lightning", "accelerate")
+
+
+def test_importing_an_adapter_imports_no_framework():
+    code = ("import sys; from pytest_reshard.adapters import hf, lightning, accelerate; "
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {FRAMEWORKS!r}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -1,0 +1,72 @@
+"""Lightning 2.6 under chaos through ``ReshardCallback`` (tests/workloads/lightning_train.py: a
+tiny torch module, synthetic data, ``strategy="ddp"`` on CPU with 2 gloo ranks, 4 batches per
+epoch, 2 epochs, ``ModelCheckpoint(save_last=True)``, ``fit(ckpt_path="last")``).
+
+The first three reproduce real Lightning resume bugs (lightning 2.6.6) and assert that the
+harness names them; the last is the configuration that is correct and passes every checker.
+"""
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from pytest_reshard import chaos  # noqa: E402
+from pytest_reshard.adapters import lightning as reshard  # noqa: E402
+
+SCRIPT = Path(__file__).parent.parent / "workloads" / "lightning_train.py"
+reshard.workload("lightning_train", SCRIPT)
+
+pytestmark = pytest.mark.reshard(world_size=2, steps=8, timeout=180)
+
+
+def _failed(result, check):
+    v = result.verdicts[check]
+    assert v.status == "fail", f"{check} should fail: {v.status}: {v.message}"
+    return v.message
+
+
+def test_a_mid_epoch_resume_with_a_plain_dataloader_restarts_the_epoch(reshard_run):
+    """A checkpoint every 3 steps, a preemption at step 5 (batch 1 of epoch 1): the callback
+    writes ``last-stop.ckpt`` after step 5 and every rank stops. Lightning restores the loop at
+    batch 2 of epoch 1, but a ``DataLoader`` has no ``state_dict``: its iterator starts the
+    epoch over (Lightning only warns), so steps 6 and 7 train on batches 0 and 1 again."""
+    result = reshard_run("lightning_train", args=["--every-n-train-steps", "3"],
+                         faults=[chaos.preempt(at_step=5, phase="forward")])
+    samples = _failed(result, "exactly_once_samples")
+    assert "consumed twice" in samples and "generation 1" in samples, samples
+    loss = _failed(result, "loss_continuity")
+    assert "resume point step 6" in loss, loss
+    result.assert_no_rewind()           # the planned stop itself lost nothing
+
+
+def test_an_epoch_boundary_resume_with_dropout_diverges_the_rng_is_not_saved(reshard_run):
+    """A kill in epoch 1 resumes from the end-of-epoch-0 checkpoint. A ``.ckpt`` holds model,
+    optimizer, schedulers and loops but no RNG state: with dropout the resumed ranks draw masks
+    from the RNG ``seed_everything`` left, not from where the saved run was."""
+    result = reshard_run("lightning_train", args=["--dropout", "0.2"],
+                         faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
+    state = result.verdicts["state_equivalence"]
+    assert "rng" in state.message and "generation 1" in state.message, state.message
+    # the adapter takes the load digest at the restore (digest_at="restore"), so an RNG that
+    # differs at the epoch's start is not excused as the data iterator's draw
+    assert state.status == "fail", state.message
+    loss = _failed(result, "loss_continuity")
+    assert "resume point step 4" in loss, loss
+
+
+def test_max_steps_resumes_an_end_of_epoch_checkpoint_into_the_finished_epoch(reshard_run):
+    """With ``max_steps`` (iteration-based training) Lightning treats every resume as a
+    restart inside the saved epoch, even from the checkpoint written at that epoch's end: it
+    runs a fifth batch of epoch 0 from a restarted iterator (samples of batch 0 again), and
+    epoch 1 comes one batch short. ``max_epochs`` resumes it correctly (the next test)."""
+    result = reshard_run("lightning_train", args=["--max-steps"],
+                         faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
+    samples = _failed(result, "exactly_once_samples")
+    assert "(epoch 0) consumed twice" in samples and "step 4 (generation 1" in samples, samples
+
+
+def test_an_epoch_boundary_resume_without_dropout_passes(reshard_run):
+    result = reshard_run("lightning_train", faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 4

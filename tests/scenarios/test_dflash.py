@@ -1,0 +1,99 @@
+"""The target + drafter pipeline under role-aware chaos: every scenario of the bundled suite
+passes, and each planted pipeline bug is caught by the checker meant to catch it (real gloo
+point-to-point queues and an all-reducing drafter group, 4 ranks, tiny shapes)."""
+import re
+
+import pytest
+
+from pytest_reshard import chaos
+from pytest_reshard.chaos.suites.dflash import SCENARIOS, THREE_ONE, TWO_TWO
+
+pytestmark = pytest.mark.reshard(world_size=4, steps=12, timeout=120)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_every_suite_scenario_passes(reshard_run, name):
+    result = reshard_run("dflash", **SCENARIOS[name])
+    result.assert_ok()
+    assert {"sample_ledger", "throughput"} <= set(result.verdicts)
+
+
+def test_a_killed_drafter_loses_nothing_and_its_share_moves(reshard_run):
+    result = reshard_run("dflash", **SCENARIOS["drafter-killed-2+2"])
+    result.assert_ok()
+    h = result.history
+    assert list(h.generations[1].roles) == ["target", "target", "drafter"]
+    # the survivor's snapshot of the state after step 4 is what generation 1 loaded
+    assert h.generations[1].resume_step == 5
+    assert {c.step for c in h.checkpoints("load")} == {4}
+    lone = [r for r in range(3) if h.role(1, r) == "drafter"]
+    assert len(lone) == 1 and len(h.samples(1, 6)[lone[0]]) == 12  # the whole batch now
+    # what the regression gate records of it: recovery time and checkpoint GB/s
+    from pytest_reshard.gate import baseline as gate
+
+    m = gate.metrics(h)
+    assert 0 < m["recovery"] < 30 and m["save_gbps"] > 0 and m["load_gbps"] > 0
+
+
+def test_topology_change_moves_a_rank_between_roles(reshard_run):
+    result = reshard_run("dflash", **SCENARIOS["topology-2+2-3+1-2+2"])
+    result.assert_ok()
+    assert [tuple(g.roles).count("drafter") for g in result.history.generations.values()] == [2, 1, 2]
+
+
+def test_a_silent_drafter_death_is_detected_at_once(reshard_run):
+    result = reshard_run("dflash", **SCENARIOS["drafter-silent-2+2"])
+    result.assert_ok()
+    [d] = result.history.detections()
+    assert d.kind == "exited_early" and d.expected and d.exit_code == 0 and d.latency_s < 2
+
+
+@pytest.mark.parametrize("bug, faults, checks, pattern", [
+    ("drop_drafter_share", [chaos.kill(role="drafter", at_step=4, phase="backward", then_world_size=3)],
+     {"sample_ledger", "exactly_once_samples"}, r"never reached a drafter.*dropped"),
+    ("resend_after_restart", [chaos.kill(role="target", at_step=4, phase="send")],
+     {"sample_ledger", "exactly_once_samples"}, r"did not make for this step.*made at step \d.*delivered twice"),
+    ("idle_drafter", [chaos.preempt(at_step=3, phase="forward")],
+     {"throughput"}, r"drafter rank \d processed 0 tokens.*pool silently shrank to 1 of 2"),
+    ("drafter_exits_silently", [], {"liveness"}, r"rank 3 exited early \(exit code 0\)"),
+])
+def test_planted_pipeline_bugs_fail_the_right_checker(reshard_run, bug, faults, checks, pattern):
+    result = reshard_run("dflash", roles=TWO_TWO, args=["--bug", bug], faults=faults)
+    failed = {name for name, v in result.verdicts.items() if v.status == "fail"}
+    assert checks <= failed, {k: (v.status, v.message) for k, v in result.verdicts.items()}
+    messages = " | ".join(result.verdicts[c].message for c in checks)
+    assert re.search(pattern, messages), messages
+    if bug == "idle_drafter":  # nothing else notices: samples, loss and state are all fine
+        assert failed == {"throughput"}, {k: v.message for k, v in result.verdicts.items()}
+
+
+def test_a_declared_minimum_throughput_fails_a_straggling_drafter_and_names_it(reshard_run):
+    result = reshard_run("dflash", roles=TWO_TWO, min_throughput=0.5, faults=[
+        chaos.slow_rank(role="drafter", at_step=3, delay_ms=400, steps=8, phase="backward")])
+    v = result.verdicts["throughput"]
+    assert v.status == "fail", v.message
+    assert re.search(r"generation 0 \(2 target \+ 2 drafter\): \w+ throughput .* of the "
+                     r"fault-free run's .*declared minimum 50%.*bottleneck: drafter", v.message)
+    others = {k for k, x in result.verdicts.items() if x.status != "pass"}
+    assert others == {"throughput"}, {k: x.message for k, x in result.verdicts.items()}
+
+
+@pytest.mark.parametrize("roles, faults", [
+    # the drafters stop while a slow target is still in the next step: its send finds them gone
+    (TWO_TWO, [chaos.preempt(at_step=5, phase="recv"),
+               chaos.slow_rank(rank=0, at_step=6, phase="send", delay_ms=1500)]),
+    # an error at the end of a step, after its update: the snapshot must hold that update
+    (THREE_ONE, [chaos.ecc_error(rank=3, at_step=6, phase="end", layer="compute")]),
+    # a death at the last step: the next generation resumes past it and has nothing to run
+    (TWO_TWO, [chaos.kill(rank=3, at_step=11, phase="end")]),
+], ids=["stop-while-a-target-sends", "error-after-the-update", "death-at-the-last-step"])
+def test_edge_placements_pass(reshard_run, roles, faults):
+    reshard_run("dflash", roles=roles, faults=faults).assert_ok()
+
+
+def test_a_hung_drafter_costs_nothing_the_survivor_holds(reshard_run):
+    """Only the hung rank is killed: the other drafter gets the failure grace to snapshot."""
+    result = reshard_run("dflash", roles=TWO_TWO, faults=[
+        chaos.hang(rank=3, at_step=6, phase="backward", then_world_size=3)])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 6  # the survivor's snapshot of step 5

@@ -1,0 +1,103 @@
+"""End to end with a user's own script (tests/workloads/toy_train.py): real processes, gloo."""
+
+import pytest
+
+from pytest_reshard import chaos
+from pytest_reshard import procfs as processes
+from pytest_reshard.result import ReshardAssertionError
+
+from ..conftest import ports_of
+
+pytestmark = pytest.mark.reshard(world_size=4, steps=16, timeout=90)
+
+
+def test_user_script_survives_planned_reshard(reshard_run, toy):
+    result = reshard_run(toy, faults=[chaos.shift_shards(to_world_size=3, at_step=6, notice_s=10)])
+    result.assert_ok()
+    assert [g.world_size for g in result.history.generations.values()] == [4, 3]
+    assert not any(processes.listening(p) for p in ports_of(result.run_dir))
+
+
+def test_restart_from_zero_fails_no_rewind(reshard_run, toy):
+    result = reshard_run(toy, args=["--restart-from-zero"],
+                         faults=[chaos.shift_shards(to_world_size=3, at_step=6, notice_s=10)])
+    with pytest.raises(ReshardAssertionError, match=r"no_rewind FAIL.*0\.\.6") as e:
+        result.assert_no_rewind()
+    assert "replay:" in str(e.value)
+
+
+def test_dropped_optimizer_state_fails_state_equivalence(reshard_run, toy):
+    result = reshard_run(toy, args=["--drop-optimizer-state"],
+                         faults=[chaos.shift_shards(to_world_size=3, at_step=6, notice_s=10)])
+    with pytest.raises(ReshardAssertionError, match="state_equivalence FAIL.*optimizer"):
+        result.assert_state_equivalent()
+    result.assert_no_rewind()
+
+
+def test_killed_rank_detected_fast_and_named(reshard_run, toy):
+    result = reshard_run(toy, faults=[chaos.kill(rank=2, at_step=7, phase="backward")])
+    result.assert_ok()
+    died = [d for d in result.history.detections() if d.kind == "died"]
+    assert [(d.rank, d.step, d.phase, d.expected) for d in died] == [(2, 7, "backward", True)]
+    assert died[0].latency_s < 2.0
+
+
+def test_stopped_rank_detected_within_two_seconds(reshard_run, toy):
+    result = reshard_run(toy, faults=[chaos.hang(rank=1, at_step=5, phase="forward")])
+    stopped = [d for d in result.history.detections() if d.kind == "stopped"]
+    assert [(d.rank, d.step, d.phase) for d in stopped] == [(1, 5, "forward")]
+    assert stopped[0].latency_s < 2.0
+    result.assert_live()
+
+
+def test_unplanned_silent_hang_fails_liveness(reshard_run, toy):
+    """A SIGSTOP nobody scheduled as a recoverable hang still ends the run, named and bounded."""
+    result = reshard_run(toy, faults=[chaos.hang(rank=1, at_step=5, phase="forward")],
+                         max_generations=1)
+    with pytest.raises(ReshardAssertionError, match="liveness FAIL"):
+        result.assert_live()
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_other_launchers_run_the_same_scenario(reshard_run, toy, launcher):
+    result = reshard_run(toy, launcher=launcher, steps=10,
+                         faults=[chaos.shift_shards(to_world_size=2, at_step=4, notice_s=20)])
+    result.assert_ok()
+    assert [g.world_size for g in result.history.generations.values()] == [4, 2]
+
+
+def test_scenario_timeout_ends_every_process(reshard_run, toy):
+    """A hang nobody detects (a rank blocked with its heartbeat alive, and a huge stall_s) is
+    still ended by the scenario timeout. (A SIGSTOPped rank is named from /proc at once.)"""
+    result = reshard_run(toy, timeout=12, hang_s=1000, stall_s=1000,
+                         faults=[chaos.hang(rank=0, at_step=3, phase="forward", mode="block")])
+    assert [f.kind for f in result.history.faults_fired()] == ["hang"]
+    with pytest.raises(ReshardAssertionError, match="liveness FAIL.*timeout"):
+        result.assert_live()
+    assert not any(processes.listening(p) for p in ports_of(result.run_dir))
+
+
+def test_planned_reshard_at_the_last_step_completes_the_run(reshard_run, toy):
+    """Found by the property tests: a notice on the last step leaves nothing to resume."""
+    result = reshard_run(toy, steps=8, faults=[chaos.shift_shards(to_world_size=2, at_step=7)])
+    result.assert_ok()
+    assert [g.cause for g in result.history.generations.values()] == ["complete"]
+
+
+def test_a_workload_that_cannot_run_clean_gets_no_fake_comparison(reshard_run, tmp_path):
+    script = tmp_path / "broken_train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from pytest_reshard import probe\n"
+        "run = probe.attach()\n"
+        "dist.init_process_group('gloo')\n"
+        "run.resumed(step=0)\n"
+        "for step in range(4):\n"
+        "    with run.step(step) as s:\n"
+        "        s.record(loss=1.0, samples=[step * 2 + dist.get_rank()])\n"
+        "        if step == 2:\n"
+        "            raise RuntimeError('a bug in the training loop')\n")
+    result = reshard_run(str(script), world_size=2, steps=4)
+    assert result.verdicts["liveness"].status == "fail"
+    loss = result.verdicts["loss_continuity"]
+    assert loss.status == "unknown" and "clean reference run" in loss.message

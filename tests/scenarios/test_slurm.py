@@ -1,0 +1,262 @@
+"""Several machines on SLURM: the hub that carries a remote rank's history, and the slurm launcher
+against a real cluster (Debian's slurmctld, two slurmd nodes in their own network namespaces).
+
+The hub tests need no cluster: a real rank process reports over TCP to a hub on loopback, with a
+run folder it cannot see. The cluster tests run the bundled LM on 2 nodes x 2 ranks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_reshard import chaos
+from pytest_reshard.contract import Env, RunDir, read_jsonl
+from pytest_reshard.probe import ORPHAN_EXIT
+from pytest_reshard.session import Session, scenario_from
+from pytest_reshard.supervisor.hub import Hub
+
+
+def _until(done, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        time.sleep(0.01)
+
+
+def _rank(tmp_path: Path, hub: Hub, body: str) -> subprocess.Popen:
+    """A rank process whose RESHARD_DIR does not exist: everything must come over the hub."""
+    script = tmp_path / "rank.py"
+    script.write_text("import os, sys, time\nfrom pytest_reshard import probe\n"
+                      "run = probe.attach()\n" + textwrap.dedent(body))
+    env = {**os.environ, Env.DIR: str(tmp_path / "elsewhere" / "run"), Env.HUB: hub.address,
+           Env.GENERATION: "0", "RANK": "0", "WORLD_SIZE": "1"}
+    return subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
+                            stdin=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    run = RunDir(tmp_path / "run")
+    run.events.mkdir(parents=True)
+    run.plan(0).write_text(json.dumps({"seed": 1234, "world_size": 1, "roles": ["trainer"],
+                                       "device_map": None, "faults": [], "files": False}))
+    h = Hub(run, "127.0.0.1")
+    yield h
+    h.close()
+
+
+def test_a_rank_elsewhere_gets_its_plan_and_reports_over_the_hub_and_its_end_is_its_socket(
+        tmp_path, hub):
+    """The rank forks a child that outlives it (a data-loader worker) and vanishes without a
+    word (``os._exit``): the hub still sees its end at once, because a child drops the
+    connection; its events are in the run folder on the harness's side, and no heartbeat file
+    exists anywhere (the beats are lines on the wire)."""
+    rank = _rank(tmp_path, hub, """
+        print(run.seed, flush=True)
+        for step in range(3):
+            with run.step(step) as s:
+                s.record(loss=1.0 / (step + 1), samples=[step])
+        child = os.fork()
+        if child == 0:
+            sys.stdin.read()   # lives until the test closes stdin
+            os._exit(0)
+        time.sleep(3 * probe.HEARTBEAT_S)
+        os._exit(0)
+    """)
+    try:
+        assert rank.stdout.readline().strip() == "1234"  # the plan came over the wire
+        _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the rank end")
+        assert rank.wait(timeout=30) == 0
+        events, torn = read_jsonl(hub.dir.rank_events(0, 0))
+        kinds = [e["ev"] for _, e in events]
+        assert kinds == ["start"] + ["begin", "record", "end"] * 3 and not torn
+        assert abs(hub.beats[(0, 0)] - hub.ended[(0, 0)]) < 1.0  # it beat until it ended
+        assert not list(tmp_path.rglob("*.hb"))
+        assert not (tmp_path / "elsewhere").exists()
+    finally:
+        rank.stdin.close()
+        rank.kill()
+        rank.wait(timeout=10)
+
+
+def test_a_rank_whose_harness_is_gone_ends_itself(tmp_path, hub):
+    rank = _rank(tmp_path, hub, """
+        print("attached", flush=True)
+        step = 0
+        while True:
+            with run.step(step):
+                time.sleep(0.01)
+            step += 1
+    """)
+    try:
+        assert rank.stdout.readline().strip() == "attached"
+        hub.close()
+        assert rank.wait(timeout=30) == ORPHAN_EXIT
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)
+
+
+# -- the LM on a real cluster -----------------------------------------------------------------
+def _squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "--noheader", *args], capture_output=True, text=True,
+                          timeout=30).stdout.strip()
+
+
+def _node_processes() -> list[str]:
+    """Every process in the nodes' namespaces but the slurmd daemons (name and pid)."""
+    k = os.environ["RESHARD_SLURM_HEAD"].split(".")[2]
+    out = []
+    for i in range(1, len(os.environ["RESHARD_SLURM_NODES"].split()) + 1):
+        pids = subprocess.run(["ip", "netns", "pids", f"reshard-slurm{k}-n{i}"],
+                              capture_output=True, text=True, timeout=30).stdout.split()
+        for pid in pids:
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if name != "slurmd":
+                out.append(f"{name}[{pid}] on reshard-n{i}")
+    return out
+
+
+@pytest.fixture
+def cluster(slurm_cluster):
+    """After the test: no job or step of ours in squeue, no process left on any node, no node
+    drained."""
+    assert not _squeue(), f"the cluster is busy before the test: {_squeue()}"
+    yield slurm_cluster
+    deadline = time.monotonic() + 30
+    while (_squeue() or _node_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _squeue(), f"jobs left: {_squeue()}"
+    assert not _node_processes(), f"processes left on the nodes: {_node_processes()}"
+    states = subprocess.run(["sinfo", "--noheader", "--format=%T"], capture_output=True,
+                            text=True, timeout=30).stdout.split()
+    assert not [s for s in states if "drain" in s], f"a node was left drained: {states}"
+
+
+def _supervisor(result) -> list[dict]:
+    return [json.loads(line) for line in
+            (result.run_dir / "events" / "supervisor.jsonl").read_text().splitlines()]
+
+
+def _steps(result) -> list[dict]:
+    return [e for e in _supervisor(result) if e["ev"] == "nodes" and "name" in e]
+
+
+SLURM = dict(launcher="slurm", nodes=2)
+
+
+@pytest.mark.reshard(world_size=4, steps=10, timeout=240)
+def test_lm_survives_a_killed_node_on_the_node_left(reshard_run, cluster):
+    result = reshard_run("lm", faults=[chaos.kill_node(rank=2, at_step=6)], **SLURM)
+    result.assert_ok()
+    assert [g.world_size for g in result.history.generations.values()] == [4, 2]
+    steps = _steps(result)
+    assert [len(s["nodes"]) for s in steps] == [2, 1]
+    lost = set(steps[0]["nodes"]) - set(steps[1]["nodes"])
+    assert len(lost) == 1, steps  # the killed rank's node is not used again
+    died = [e for e in _supervisor(result) if e["ev"] == "detect"]
+    assert [(d["kind"], d["rank"], d["exit_code"]) for d in died] == [("died", 2, -9)]
+
+
+@pytest.mark.reshard(world_size=4, steps=10, timeout=240)
+def test_a_slurm_preemption_is_scancel_term_and_costs_no_committed_step(reshard_run, cluster):
+    result = reshard_run("lm", faults=[chaos.preempt(at_step=6)], **SLURM)
+    result.assert_ok()
+    sup = _supervisor(result)
+    assert [e["cause"] for e in sup if e["ev"] == "gen_end"] == ["preempt", "complete"]
+    assert [e["scancel"] for e in sup if "scancel" in e] == ["TERM"]
+    # SLURM, not the rank, sent SIGTERM: every rank of the step saw it
+    got = {e["rank"] for e in result.history.events if e["ev"] == "signal" and e["gen"] == 0}
+    assert got == {0, 1, 2, 3}
+    assert not [e for e in sup if e["ev"] == "detect"]
+
+
+@pytest.mark.reshard(world_size=4, steps=10, timeout=240)
+def test_a_drain_from_two_nodes_to_one_runs_the_next_step_on_the_node_left(reshard_run, cluster):
+    result = reshard_run("lm", faults=chaos.drain(world_size=4, fraction=0.5, waves=1,
+                                                 at_step=6), **SLURM)
+    result.assert_ok()
+    steps = _steps(result)
+    drained = [e["drained"] for e in _supervisor(result) if "drained" in e]
+    assert len(drained) == 1 and len(drained[0]) == 1
+    assert steps[0]["nodes"] == steps[1]["nodes"] + drained[0]
+    # the `cluster` fixture checks that the drained node was resumed at the end
+
+
+@pytest.mark.reshard(world_size=4, steps=10, timeout=240)
+def test_a_resume_that_ignores_the_checkpoint_fails_no_rewind_on_slurm(reshard_run, cluster):
+    result = reshard_run("lm", args=["--bug", "restart_from_zero"],
+                         faults=[chaos.kill_node(rank=2, at_step=6)], **SLURM)
+    assert result.verdicts["no_rewind"].status == "fail", result.verdicts["no_rewind"].message
+    assert "replayed" in result.verdicts["no_rewind"].message
+
+
+@pytest.mark.parametrize("fault,kind,code", [
+    (chaos.kill, "died", -signal.SIGKILL),
+    (chaos.crash_silently, "exited_early", 0),  # the code is read on its node, as its parent
+    (chaos.hang, "stopped", None),               # its node's kernel says T
+])
+def test_a_remote_rank_is_named_killed_silent_or_stopped_from_its_nodes_report(
+        tmp_path, cluster, fault, kind, code):
+    sc = scenario_from("lm", world_size=4, steps=8, max_generations=1, timeout_s=180,
+                       faults=[fault(rank=1, at_step=3, phase="backward")], **SLURM)
+    with Session(tmp_path) as session:
+        history = session.execute(sc, tmp_path / "run")
+    detected = [e for e in history.events if e["ev"] == "detect"]
+    assert [(d["kind"], d["rank"], d["exit_code"]) for d in detected] == [(kind, 1, code)]
+    assert detected[0]["expected"] and detected[0]["step"] == 3
+
+
+@pytest.mark.reshard(world_size=4, steps=20, timeout=240)
+def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_landed(
+        reshard_run, cluster, toy):
+    """SLURM's SIGTERM lands tens of ms after the fault point: in a script of 1 ms steps, steps
+    later. A script that stops after the step the signal landed in is correct (this was a false
+    "kept training after SIGTERM" before the checker counted from the signal's arrival)."""
+    result = reshard_run(toy, faults=[chaos.preempt(at_step=5)], **SLURM)
+    result.assert_ok()
+    assert [e["kind"] for e in _supervisor(result) if e["ev"] == "deliver"] == ["preempt"]
+    landed = [e["t"] for e in result.history.events
+              if e["ev"] == "signal" and e["gen"] == 0 and not e.get("armed")]
+    fired = [e["t"] for e in result.history.events if e["ev"] == "fault"]
+    assert not landed or min(landed) > max(fired)  # SLURM's, after the point (if before the end)
+
+
+def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_path, cluster):
+    """SIGKILL the harness mid-training: its ranks see the hub's connection close and end, the
+    agents kill what is left on their nodes, and salloc, whose command reads a pipe only the
+    harness held, gives the allocation back (no waiting for its time limit)."""
+    run = tmp_path / "run"
+    code = ("from pathlib import Path\nfrom pytest_reshard.session import Session, scenario_from\n"
+            f"with Session(Path({str(tmp_path / 'art')!r})) as s:\n"
+            "    s.execute(scenario_from('lm', world_size=4, steps=400, launcher='slurm', "
+            f"nodes=2, timeout_s=300), Path({str(run)!r}))\n")
+    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _until(lambda: all('"ev":"begin"' in _text(run / "events" / f"g0-r{r}.jsonl")
+                           for r in range(4)), 120, "every rank trained")
+        assert _squeue()
+    finally:
+        harness.kill()
+        harness.wait(timeout=30)
+    _until(lambda: not _squeue() and not _node_processes(), 30,
+           "the allocation and every process on the nodes gone")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""

@@ -1,0 +1,106 @@
+"""``pytest-reshard gate`` end to end: real stacks, real processes, a real Docker engine.
+
+Both run a small suite of the toy workload (a user's script), so each stack costs seconds; the
+bundled ``upgrade`` suite and the torch 2.13.0 vs 2.14.1 demo are in the README.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_reshard.gate import envs as envmatrix
+
+from ..conftest import WORKLOADS
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY_SUITE = '''
+import os
+import pytest
+from pytest_reshard.gate.stacks import PLANT_ENV, parse_plant, planted_faults
+
+@pytest.mark.reshard(world_size={world_size}, steps=6, timeout=90)
+def test_toy(reshard_run):
+    faults = planted_faults(parse_plant(os.environ.get(PLANT_ENV, "")), [(0, 6)])
+    reshard_run({toy!r}, faults=faults, memory_budget_bytes=2**30).assert_ok()
+'''
+PLANT = ["--plant", "memory=200MB,step_time=150ms", "--fail", "peak_mem:+150MB,step_time:+50ms"]
+
+
+def gate(tmp_path, *args, world_size=2, timeout=300):
+    workdir = tmp_path / "gate"
+    workdir.mkdir(exist_ok=True)
+    suite = workdir / "toy_suite.py"   # inside the gate's folder: a container sees it there
+    suite.write_text(TOY_SUITE.format(world_size=world_size, toy=str(WORKLOADS / "toy_train.py")))
+    out = subprocess.run([sys.executable, "-m", "pytest_reshard.cli", "gate", "--suite", str(suite),
+                          "--dir", str(workdir), *args], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=timeout, check=False)
+    return out.returncode, out.stdout + out.stderr
+
+
+def assert_planted_regressions_named(rc, text):
+    assert rc == 1, text
+    lines = text.splitlines()
+    assert any("with a planted regression (memory=200MB,step_time=150ms)" in ln for ln in lines)
+    room = [ln for ln in lines if ln.startswith("REGRESSED") and "headroom fell from" in ln]
+    assert room and "under its 1024 MB budget, beyond peak_mem:+150MB" in room[0], text
+    step = [ln for ln in lines if ln.startswith("REGRESSED") and "median step time" in ln]
+    assert step and "beyond step_time:+50ms" in step[0], text
+    assert "gate: FAIL (2 regression(s), 0 other failure(s))" in text
+
+
+def test_planted_regression_fails_the_gate_naming_field_and_amount(tmp_path):
+    """The same venv twice (one rank, to stay cheap); the new stack holds 200 MB more per rank
+    and sleeps 150 ms a step."""
+    rc, text = gate(tmp_path, "--old", f"venv:{sys.prefix}", "--new", f"venv:{sys.prefix}",
+                    "--no-checkpoint", *PLANT, world_size=1)
+    assert_planted_regressions_named(rc, text)
+
+
+@pytest.fixture(scope="session")
+def ci_image():
+    """A local image of this test run's own stack, imported into the engine at DOCKER_HOST."""
+    try:
+        client = envmatrix.docker_client()
+    except envmatrix.EnvError as e:
+        if os.environ.get("RESHARD_DOCKER_REQUIRED") == "1":
+            pytest.fail(f"RESHARD_DOCKER_REQUIRED=1 but {e}")
+        pytest.skip(f"no Docker engine could be started or reached: {e} (.ci/run starts a "
+                    "private one with .ci/docker-engine)")
+    import docker
+    import torch
+
+    key = hashlib.sha256(f"{sys.prefix}:{torch.__version__}".encode()).hexdigest()[:10]
+    tag = f"reshard-ci:{key}"
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        cli = shutil.which("docker")
+        if cli is None:
+            pytest.fail("the docker CLI is needed to import the CI image (docker import)")
+        rootfs = subprocess.Popen([sys.executable, str(ROOT / ".ci" / "rootfs.py"), sys.prefix],
+                                  stdout=subprocess.PIPE)
+        try:
+            subprocess.run([cli, "import", "--change", "ENV PATH=/opt/venv/bin:/usr/bin:/bin",
+                            "-", tag], stdin=rootfs.stdout, check=True, capture_output=True,
+                           timeout=300)
+        finally:
+            rootfs.stdout.close()
+            assert rootfs.wait(timeout=60) == 0
+    return client, tag
+
+
+def test_docker_backend_runs_the_gate_against_a_real_engine(tmp_path, ci_image):
+    """Old stack in a container (host networking, the checkout mounted read-only), new stack in
+    this venv with a planted regression: both named; the container's checkpoint, written at 4
+    ranks, loads at 3 ranks here with every component equal; no container is left."""
+    client, tag = ci_image
+    rc, text = gate(tmp_path, "--old", f"docker:{tag}", "--new", f"venv:{sys.prefix}", *PLANT)
+    assert_planted_regressions_named(rc, text)
+    assert "checkpoint written by old, loaded by new: PASS" in text, text
+    executable = next(ln for ln in text.splitlines() if ln.startswith("executable"))
+    assert "/opt/venv/bin/python3" in executable and sys.prefix in executable  # old: the image
+    assert client.containers.list(all=True, filters={"label": "pytest-reshard=gate"}) == []

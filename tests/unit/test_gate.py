@@ -1,0 +1,79 @@
+"""The regression gate: expressions, comparisons, and a torch upgrade's +200 MB per rank failing
+it under a fixed memory budget."""
+import pytest
+
+from pytest_reshard.gate import baseline as gate
+from pytest_reshard.gate.baseline import GateError
+
+
+
+def test_expressions_parse_to_limits():
+    limits = gate.parse("peak_mem:+150MB, step_time:+10%,throughput:-10%")
+    assert [(lim.field, lim.sign, lim.relative) for lim in limits] == [
+        ("peak_mem", "+", False), ("step_time", "+", True), ("throughput", "-", True)]
+    assert limits[0].amount == 150 * 2**20 and limits[1].amount == pytest.approx(0.10)
+
+
+@pytest.mark.parametrize("expr, message", [
+    ("", "empty expression"),
+    ("peak_mem+150MB", r"write FIELD:\+N"),
+    ("memory:+1MB", "unknown field 'memory'"),
+    ("peak_mem:+150XB", "unknown unit 'XB'"),
+])
+def test_malformed_expressions_say_what_is_allowed(expr, message):
+    with pytest.raises(GateError, match=message):
+        gate.parse(expr)
+
+
+def test_compare_marks_only_what_passed_its_limit():
+    base = {"runs": {"t": {"peak_mem": 1000 * 2**20, "step_time": 0.100, "throughput": 100.0}}}
+    now = {"peak_mem": 1200 * 2**20, "step_time": 0.105, "throughput": 85.0}
+    changes = gate.compare(base, "t", now, gate.parse("peak_mem:+150MB,step_time:+10%,throughput:-10%"))
+    regressed = {c.field: c.describe() for c in changes if c.regressed}
+    assert set(regressed) == {"peak_mem", "throughput"}
+    assert "1000 MB -> 1200 MB (+200 MB, +20.0%), beyond peak_mem:+150MB" in regressed["peak_mem"]
+    assert gate.compare(base, "other", now, []) == []
+
+
+def test_bad_expression_is_a_usage_error(pytester):
+    result = pytester.runpytest("--reshard-compare-fail=peak_mem:lots")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--reshard-compare-fail: 'peak_mem:lots': write FIELD:+N*"])
+
+
+def test_headroom_is_judged_per_rank_under_a_fixed_budget():
+    mb = 2**20
+    before = {"runs": {"t": {"peak_mem": 300 * mb, "memory_budget": 1024 * mb,
+                             "peak_mem_by_rank": {"0": 300 * mb, "1": 250 * mb}}}}
+    now = {"peak_mem": 450 * mb, "memory_budget": 1024 * mb,
+           "peak_mem_by_rank": {"0": 310 * mb, "1": 450 * mb}}
+    changes = {c.field: c for c in gate.compare(before, "t", now, gate.parse("peak_mem:+150MB"))}
+    room = changes["headroom"]
+    assert room.regressed and room.rank == "1" and not changes["peak_mem"].regressed
+    assert room.describe() == ("t: rank 1 headroom fell from 774 MB to 574 MB (-200 MB, -25.8%) "
+                               "under its 1024 MB budget, beyond peak_mem:+150MB")
+    # without any memory limit it still fails (never a pass): at most 10% of the budget
+    default = gate.compare(before, "t", now, [])[-1]
+    assert default.regressed and "beyond the default limit for a fixed budget (headroom may " \
+        "fall by 10% of it, 102 MB)" in default.describe()
+    # within the limit, and budgets that differ (headroom is then not comparable): no verdict
+    assert not gate.compare(before, "t", now, gate.parse("peak_mem:+250MB"))[-1].regressed
+    moved = {**now, "memory_budget": 2048 * mb}
+    assert all(c.field != "headroom" for c in gate.compare(before, "t", moved, []))
+    assert gate.compare(before, "t", moved, gate.parse("peak_mem:+100MB"))[0].regressed
+
+
+def test_two_baselines_side_by_side():
+    old = {"environment": {"torch": "2.13.0+cpu", "cuda": None},
+           "runs": {"s.py::t": {"step_time": 0.100, "throughput": 100.0, "loss_digest": "aa"},
+                    "s.py::gone": {"step_time": 0.1}}}
+    new = {"environment": {"torch": "2.14.1", "cuda": "13.0"},
+           "runs": {"s.py::t": {"step_time": 0.150, "throughput": 99.0, "loss_digest": "bb"}}}
+    lines, changes, missing = gate.diff_table(old, new, gate.parse("step_time:+10%"))
+    text = "\n".join(lines)
+    assert missing == ["s.py::gone"]
+    assert [c.field for c in changes if c.regressed] == ["step_time"]
+    assert "torch" in text and "2.13.0+cpu" in text and "2.14.1" in text and "changed" in text
+    row = next(ln for ln in lines if ln.startswith("t step_time"))
+    assert "100.0 ms" in row and "150.0 ms" in row and "+50.0%" in row and "FAIL beyond step_time:+10%" in row
+    assert "differs" in next(ln for ln in lines if "loss trajectory" in ln)
