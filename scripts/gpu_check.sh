@@ -15,7 +15,7 @@ python3 -m venv .venv-gpu
 # GPU must not go green.
 out=$(mktemp)
 status=0
-timeout 900 .venv-gpu/bin/pytest tests/test_gpu.py -v -rs --reshard-backend=nccl -p no:cacheprovider \
+timeout 900 .venv-gpu/bin/pytest tests/scenarios/test_gpu.py -v -rs --reshard-backend=nccl -p no:cacheprovider \
   --junitxml="$out" || status=$?
 skipped=$(.venv-gpu/bin/python -c "import sys, xml.etree.ElementTree as ET; r = ET.parse(sys.argv[1]).getroot(); print(sum(int(s.get('skipped', 0)) for s in ([r] if r.tag == 'testsuite' else r.iter('testsuite'))))" "$out")
 rm -f "$out"

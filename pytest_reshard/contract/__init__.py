@@ -100,7 +100,7 @@ class Detected(str, enum.Enum):
 
 
 class MemberAction(str, enum.Enum):
-    """What a ``member`` event records (membership mode, ``supervisor/membership.py``)."""
+    """What a ``member`` event records (membership mode, ``supervisor/policies/membership.py``)."""
 
     GROUPS = "groups"                # the replica groups: groups, per
     LIGHTHOUSE = "lighthouse"        # the Lighthouse the supervisor hosts: address, settings

@@ -1,7 +1,7 @@
 """The rank side: what runs inside a training process (the probe, the file watcher, telemetry).
 
 It imports only the standard library, ``pytest_reshard.contract``, ``pytest_reshard.procfs`` and
-itself (``tests/test_layers.py`` checks), so a training script that imports the probe pulls in
+itself (``tests/unit/test_layers.py`` checks), so a training script that imports the probe pulls in
 nothing of the harness, torch or pytest. The one exception is lazy: telemetry imports ``pynvml``
 inside the function that opens NVML. Nothing here imports torch: ``digest`` and telemetry use
 the torch a workload already imported (the tensors handed to them, ``sys.modules``).

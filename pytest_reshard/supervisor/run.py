@@ -71,7 +71,7 @@ class Supervisor:
         #: A live reshard's next generation: its processes, its store, its gen_start record.
         self._next: tuple[LiveGeneration, Any, dict[str, Any]] | None = None
         self._unformed: dict[str, Any] | None = None  # the gen_start of a next world that failed
-        # replica_groups: a death restarts only its group (supervisor/membership.py)
+        # replica_groups: a death restarts only its group (supervisor/policies/membership.py)
         self.members = Membership.of(scenario, self.dir, self.record, self.launcher)
 
     # -- recording -------------------------------------------------------------------------

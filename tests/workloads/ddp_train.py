@@ -3,7 +3,7 @@ ordinary way: ``run.close()``, ``dist.destroy_process_group()``, then ``main()``
 script falls off its end. No ``os._exit`` anywhere.
 
 It stands for "your train.py" as most people write it, and the harness must see it exactly as
-torchrun or a cold interpreter would (tests/test_endings.py, bench/endings.py). When ``main()``
+torchrun or a cold interpreter would (tests/scenarios/test_endings.py, bench/endings.py). When ``main()``
 returns, its locals (the DDP model, whose reducer holds the last reference to the gloo process
 group once ``destroy_process_group`` dropped the others) are freed in a live interpreter.
 """

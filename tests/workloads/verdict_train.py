@@ -1,4 +1,4 @@
-"""A user's data-parallel training script for the verdict-fidelity tests (tests/test_verdict_fidelity.py).
+"""A user's data-parallel training script for the verdict-fidelity tests (tests/scenarios/test_verdict_fidelity.py).
 
 Plain torch.distributed (gloo) plus the probe, as a user writes it, with what trips checkers
 that only look at simple scripts:
