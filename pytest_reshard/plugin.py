@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from pytest_reshard.refcache import resolve_workload
+from pytest_reshard.refcache import marker_options, resolve_workload
 from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -290,9 +290,7 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
     ``assert_*`` methods check the recorded history.
     """
     state: _State = request.config.stash[_STATE]
-    defaults: dict[str, Any] = {}  # a module's marker, then the class's, then the test's own
-    for marker in reversed(list(request.node.iter_markers("reshard"))):
-        defaults.update(marker.kwargs)
+    defaults = marker_options(request.node, "reshard")
     count = 0
 
     def run(workload: str | None = None, faults: Any = (), **overrides: Any) -> Any:

@@ -65,6 +65,15 @@ class ReferenceCache:
             return History.load(Path(tmp) / "run") if (Path(tmp) / "run").exists() else history
 
 
+def marker_options(node: Any, name: str) -> dict[str, Any]:
+    """The keyword arguments of every ``name`` marker on ``node``: the module's, then the class's,
+    then the test's own, each overriding the one before."""
+    options: dict[str, Any] = {}
+    for marker in reversed(list(node.iter_markers(name))):
+        options.update(marker.kwargs)
+    return options
+
+
 def resolve_workload(workload: str, test_file: Path) -> str:
     """A bundled workload's name as it is; a script's path relative to the test file (else to
     the working directory), made absolute."""

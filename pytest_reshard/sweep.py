@@ -156,19 +156,17 @@ def parametrize(metafunc: Any, state: Any) -> None:
     """``pytest_generate_tests`` for a test that asks for ``file_point``."""
     import pytest
 
-    from pytest_reshard.refcache import resolve_workload, workload_files
+    from pytest_reshard.refcache import marker_options, resolve_workload, workload_files
     from pytest_reshard.session import scenario_from
     from pytest_reshard.workloads import resolve
 
     where = metafunc.definition.nodeid
-    marker = metafunc.definition.get_closest_marker("reshard")
-    opts = dict(marker.kwargs) if marker else {}
+    opts = marker_options(metafunc.definition, "reshard")
     workload = opts.pop("workload", None)
     if workload is None:
         raise pytest.UsageError(f"{where}: file_point needs the scenario it sweeps: "
                                 "@pytest.mark.reshard(workload=..., world_size=..., steps=...)")
-    sweep_marker = metafunc.definition.get_closest_marker("reshard_sweep")
-    sweep_opts = dict(sweep_marker.kwargs) if sweep_marker else {}
+    sweep_opts = marker_options(metafunc.definition, "reshard_sweep")
     rank, save_step = int(sweep_opts.pop("rank", 0)), sweep_opts.pop("save_step", None)
     flip = bool(sweep_opts.pop("flip", False))
     if sweep_opts:

@@ -83,7 +83,31 @@ def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) 
         text = path.read_text(errors="replace")
     except OSError:
         return f"; its log {path} could not be read"
-    tail = [ln.rstrip() for ln in text.splitlines() if ln.strip() and mine(ln)][-lines:]
-    if not tail:
+    own = [ln.rstrip() for ln in text.splitlines() if ln.strip() and mine(ln)]
+    if not own:
         return f"; its log {path} is empty"
-    return f"; its log {path} ends:\n    " + "\n    ".join(tail)
+    tail = own[-lines:]
+    raised = _last_traceback(own[:-lines])  # one the tail does not show already
+    return (f"; its log {path}" + (f" has a traceback: {raised}; the log" if raised else "")
+            + " ends:\n    " + "\n    ".join(tail))
+
+
+def _last_traceback(lines: list[str]) -> str:
+    """``File "train.py", line 12, in main: raise RuntimeError("boom") -> RuntimeError: boom``:
+    the last frame and the exception of the last traceback in ``lines`` ("" if none). What a
+    process prints at exit (a leak report, a warning) often buries the traceback that killed it."""
+    starts = [i for i, ln in enumerate(lines) if ln.split("]:", 1)[-1].strip().startswith("Traceback (most")]
+    if not starts:
+        return ""
+    frame, code, error = "", "", ""
+    for ln in lines[starts[-1] + 1:]:
+        text = ln.split("]:", 1)[-1] if ln.startswith("[rank") else ln
+        if text.lstrip().startswith("File "):
+            frame, code = text.strip(), ""
+        elif text.startswith((" ", "\t")):
+            code = code or text.strip()
+        else:
+            error = text.strip()
+            break
+    where = f"{frame}: {code}" if code else frame
+    return f"{where} -> {error}" if where and error else error or where

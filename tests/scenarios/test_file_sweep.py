@@ -112,3 +112,27 @@ def test_file_point_without_a_scenario_is_a_usage_error(pytester):
     out = pytester.runpytest_subprocess(f"--reshard-artifacts={pytester.path / 'art'}")
     assert out.ret != 0
     assert "file_point needs the scenario it sweeps" in out.stdout.str() + out.stderr.str()
+
+
+def test_the_sweep_records_its_scenario_from_the_modules_marker_too(pytester):
+    """A module's ``pytestmark`` sets the size and length, the test's own marker the workload: the
+    recording runs the scenario both make, as ``reshard_run`` does."""
+    from pathlib import Path
+
+    script = Path(__file__).parent / SCRIPT
+    pytester.makepyfile(test_user_sweep=f'''
+        import pytest
+
+        pytestmark = pytest.mark.reshard(world_size=2, steps=6)
+
+        @pytest.mark.reshard(workload={str(script)!r}, args=["--save", "atomic"])
+        def test_save(reshard_run, file_point):
+            pass
+    ''')
+    art = pytester.path / "art"
+    out = pytester.runpytest_subprocess(f"--reshard-artifacts={art}", "-p", "no:cacheprovider",
+                                        "--collect-only", "-q")
+    assert out.ret == 0, out.stdout.str()
+    (scenario,) = art.glob("_sweeps/*/run/scenario.json")
+    recorded = json.loads(scenario.read_text())
+    assert (recorded["world_size"], recorded["steps"]) == (2, 6), recorded

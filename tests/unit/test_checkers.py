@@ -582,3 +582,22 @@ def test_loss_continuity_a_resume_across_sizes_may_move_as_a_change_of_size_does
     assert v.status == "fail", v
     assert v.message.startswith("loss jumps at resume point step 13 (generation 1, 3 ranks)"), v.message
     assert "0.05 apart at this step across world sizes (0.05 before any update)" in v.message
+
+
+def test_a_crashed_ranks_message_quotes_its_last_traceback_above_the_exit_noise(tmp_path) -> None:
+    """What a process prints at exit (triton's leak report, say) can push the traceback that killed
+    it out of the quoted tail: the message names its last frame and exception first."""
+    from pytest_reshard.checkers._text import _log_tail
+
+    log = tmp_path / "logs" / "g0-r1.log"
+    log.parent.mkdir()
+    log.write_text("step 0\nTraceback (most recent call last):\n"
+                   '  File "train.py", line 40, in <module>\n    main()\n'
+                   '  File "train.py", line 12, in main\n    raise RuntimeError("shard map is stale")\n'
+                   "RuntimeError: shard map is stale\n" + "".join(f"leak report line {i}\n" for i in range(30)))
+    text = _log_tail(tmp_path, 0, 1)
+    assert ('has a traceback: File "train.py", line 12, in main: raise RuntimeError("shard map is '
+            'stale") -> RuntimeError: shard map is stale; the log ends:') in text, text
+    assert text.endswith("leak report line 29")
+    log.write_text("step 0\nRuntimeError: short\n")  # a tail that shows everything: no repeat
+    assert "traceback" not in _log_tail(tmp_path, 0, 1)
