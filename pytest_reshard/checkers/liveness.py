@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_tail, _ranges, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import Cause, Detected
+from pytest_reshard.contract import Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -182,6 +182,17 @@ def _landed(history: History, f: Any) -> Signal | None:
                  if _is_sigterm(s) and s.t >= (f.t or 0.0)), None)
 
 
+def _never_exercised(history: History) -> list[str]:
+    """Faults that fired but whose effect no later generation met: a byte flipped in the run's
+    last generation is in a checkpoint nothing resumed from, so whether a resume would notice the
+    corruption was never tested (and a pass would claim it was)."""
+    last = max(history.generations, default=None)
+    return [f"the byte flipped in `{e.path}` (generation {e.gen}, step {e.at_step}) was never read "
+            "back: the run ended without a resume after it, so whether a resume notices the "
+            "corruption was not tested; aim the flip at an earlier save, or run more steps after it"
+            for e in history.file_events(gen=last) if e.op == FileOp.FLIP]
+
+
 def _sigterm_unseen(history: History) -> list[str]:
     """Ranks a scheduler was asked to SIGTERM that recorded no SIGTERM, where that cannot tell
     "finished before it landed" from "ignored it": their SIGTERM flag was not the probe's (never
@@ -339,7 +350,7 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
     if target is None:
         return Verdict.unknown(check, "no scenario record, so the target step is unknown; nothing "
                                "else went wrong", details=details)
-    unseen = _sigterm_unseen(history)
+    unseen = _sigterm_unseen(history) + _never_exercised(history)
     if unseen:
         return Verdict.unknown(check, _summarise(unseen), details=details)
     return Verdict.passed(check, f"reached step {target} in generation {final.gen}; "

@@ -601,3 +601,20 @@ def test_a_crashed_ranks_message_quotes_its_last_traceback_above_the_exit_noise(
     assert text.endswith("leak report line 29")
     log.write_text("step 0\nRuntimeError: short\n")  # a tail that shows everything: no repeat
     assert "traceback" not in _log_tail(tmp_path, 0, 1)
+
+
+def test_liveness_a_flip_no_generation_read_back_is_unknown_never_a_pass() -> None:
+    """A byte flipped at the run's final save lands in a checkpoint nothing resumes from: the
+    corruption was never put to the test, so every checker passing says nothing about it."""
+    b = Builder(steps=20)
+    b.gen(run=range(20))
+    b.rank(0, 0, "file", op="flip", path="ckpt/step_19/model.pt", offset=100, at_step=19)
+    v = liveness(b.history())
+    assert v.status == "unknown", v
+    assert "the byte flipped in `ckpt/step_19/model.pt` (generation 0, step 19) was never read back" \
+        in v.message, v.message
+    b = Builder(steps=20)   # flipped earlier, then a generation resumed after it: judged as usual
+    b.gen(run=range(0, 13), cause="failure")
+    b.rank(0, 0, "file", op="flip", path="ckpt/step_11/model.pt", offset=100, at_step=11)
+    b.gen(resume=12, run=range(12, 20))
+    assert "never read back" not in liveness(b.history()).message
