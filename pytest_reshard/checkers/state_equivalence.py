@@ -117,6 +117,27 @@ def _epoch_starts_at(history: History, gen: int, step: int) -> bool:
     return bool(now & seen)
 
 
+def _same_state_of_another_step(load: _Record, saves: dict[tuple[int, int, int], _Record]
+                                ) -> tuple[int, list[str]] | None:
+    """(step, components) of an earlier generation's save of another step whose state the load
+    holds exactly, if any. Only components that change from step to step (two saves of different
+    steps differ) count: an unchanged one cannot tell two steps apart."""
+    steps_of: dict[str, dict[str, set[int]]] = {}  # component -> digest -> steps saved with it
+    for (_, _, st), save in saves.items():
+        for comp, d in save.digest.items():
+            steps_of.setdefault(comp, {}).setdefault(d, set()).add(st)
+    evolving = {c for c, by in steps_of.items() if len({st for sts in by.values() for st in sts}) > 1
+                and len(by) > 1}
+    for (g, _, st), save in sorted(saves.items(), key=lambda kv: -kv[0][2]):
+        if g >= load.gen or st == load.step:
+            continue
+        common = sorted(set(save.digest) & set(load.digest))
+        if common and all(save.digest[c] == load.digest[c] for c in common) and \
+                evolving & set(common):
+            return st, common
+    return None
+
+
 def state_equivalence(history: History) -> Verdict:
     """The state just after each load equals what was saved (or read), component by component:
     replicated components against any rank's save, per-rank ones against the same rank's."""
@@ -179,8 +200,21 @@ def state_equivalence(history: History) -> Verdict:
                     if text not in unverified:
                         unverified.append(text)
                 else:
-                    unverified.append(f"the load of step {step} in generation {gen} (rank {rank}) "
-                                      f"has no earlier save of step {step} and no expected digest")
+                    older = _same_state_of_another_step(load, saves)
+                    if older is None:
+                        unverified.append(f"the load of step {step} in generation {gen} (rank "
+                                          f"{rank}) has no earlier save of step {step} and no "
+                                          "expected digest")
+                        continue
+                    other, comps = older
+                    mismatches.append({
+                        "message": f"the load in generation {gen} claims step {step} but holds "
+                                   f"what was saved for step {other} ({', '.join(comps)} equal, bit "
+                                   f"for bit, on rank {rank}), and no save of step {step} was "
+                                   "recorded: the checkpoint is labelled with a later step than "
+                                   "its state (a save that reads the step after the state was "
+                                   "taken, as an asynchronous save's finalize can)",
+                        "differ": comps, "step": step, "rank": rank, "gen": gen})
             continue
         per_rank = set(load.per_rank).union(*(s.per_rank for s in earlier.values()))
         src_gen = max(g for g, _, _ in earlier)

@@ -618,3 +618,22 @@ def test_liveness_a_flip_no_generation_read_back_is_unknown_never_a_pass() -> No
     b.rank(0, 0, "file", op="flip", path="ckpt/step_11/model.pt", offset=100, at_step=11)
     b.gen(resume=12, run=range(12, 20))
     assert "never read back" not in liveness(b.history()).message
+
+
+def test_state_equivalence_a_load_that_holds_an_older_steps_state_fails() -> None:
+    """An asynchronous save whose finalize reads the step late labels step 3's state "step 4": the
+    resume claims step 4 and loads, bit for bit, what was saved for step 3. Fail, naming both."""
+    d = {2: {"model": "m2", "optimizer": "o2"}, 3: {"model": "m3", "optimizer": "o3"}}
+    b = Builder(steps=12)
+    b.gen(run=range(0, 6), cause="failure", saves=d)
+    b.gen(resume=5, run=range(5, 12), load=(4, d[3]))
+    v = state_equivalence(b.history())
+    assert v.status == "fail", v
+    assert v.message.startswith("the load in generation 1 claims step 4 but holds what was saved for "
+                                "step 3 (model, optimizer equal, bit for bit, on rank 0)"), v.message
+    # a state that never changes between saves cannot tell two steps apart: unknown, as before
+    same = {2: {"rng": "r"}, 3: {"rng": "r"}}
+    b = Builder(steps=12)
+    b.gen(run=range(0, 6), cause="failure", saves=same)
+    b.gen(resume=5, run=range(5, 12), load=(4, same[3]))
+    assert state_equivalence(b.history()).status == "unknown"
