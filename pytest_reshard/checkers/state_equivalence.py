@@ -374,11 +374,11 @@ def _compare(history: History, load: _Record, common: list[str],
     verb = "differs" if len(differ) == 1 else "differ"
     digests = ", ".join(f"{c}: {baseline[c][0]} -> {load.digest[c]}" for c in differ)
     sources = sorted({baseline[c][1] for c in differ})
-    source = sources[0] if len(sources) == 1 else "; ".join(sources)
+    source = (f"what was {sources[0]}" if len(sources) == 1 else
+              "what was saved (" + "; ".join(f"{c} {baseline[c][1]}" for c in differ) + ")")
     hint = _hint(history, load, differ[0], src_gen, resharded, saves or {}, savers or {})
     message = (f"{comps} state {verb} after the {kind} of step {step} in generation {gen}{sizes} "
-               f"on rank {rank}: what was {source} does not match what was loaded ({digests}); "
-               f"{hint}")
+               f"on rank {rank}: {source} does not match what was loaded ({digests}); {hint}")
     mismatches.append({"message": message, "differ": differ, "step": step, "rank": rank,
                        "gen": gen})
 

@@ -637,3 +637,20 @@ def test_state_equivalence_a_load_that_holds_an_older_steps_state_fails() -> Non
     b.gen(run=range(0, 6), cause="failure", saves=same)
     b.gen(resume=5, run=range(5, 12), load=(4, same[3]))
     assert state_equivalence(b.history()).status == "unknown"
+
+
+def test_state_equivalence_names_each_differing_components_own_save() -> None:
+    """A replicated model and a per-rank RNG both differ on rank 1: each is named with the save it
+    was compared with, in one readable sentence."""
+    b = Builder(steps=12)
+    b.gen(run=range(0, 6), cause="failure", saves={4: {"model": "m4"}})
+    b.rank(0, 1, "ckpt_save", step=4, digest={"rng": "r1"}, per_rank=["rng"])
+    b.gen(resume=5, run=range(5, 12), load=(4, {"model": "m4"}))
+    for e in b.events:   # rank 1's load digest, taken at the restore
+        if e.get("gen") == 1 and e.get("rank") == 1 and e["ev"] == "ckpt_load":
+            e.update(digest={"model": "XX", "rng": "YY"}, per_rank=["rng"])
+    v = state_equivalence(b.history())
+    assert v.status == "fail", v
+    assert ("on rank 1: what was saved (model saved in generation 0; rng saved by rank 1 in "
+            "generation 0) does not match what was loaded (model: m4 -> XX, rng: r1 -> YY)") in v.message, \
+        v.message
