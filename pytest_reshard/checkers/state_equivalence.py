@@ -230,9 +230,9 @@ def state_equivalence(history: History) -> Verdict:
                     # killed at a file event of that save after it had written files: its
                     # record of the save is missing, its file may not be
                     text = (f"rank {rank} loaded its {comp} for step {step} in generation {gen}, "
-                            f"but it was killed in the middle of writing that save, after some "
-                            f"of its files and before it recorded the save: no saved digest to "
-                            f"compare with (crash_consistency judges the files)")
+                            f"but it was killed inside that save, after writing files of it "
+                            f"and before it recorded the save: no saved digest to compare with "
+                            f"(crash_consistency judges the files)")
                     if text not in unverified:
                         unverified.append(text)
                 else:
@@ -451,8 +451,13 @@ def _check(ctx: CheckContext) -> Verdict:
 
 
 def _killed_while_writing(history: History, rank: int, gen: int, step: int) -> bool:
-    """``rank`` was killed at a file event of a save of ``step`` or later, in a generation
-    before ``gen``, after it had finished writing a file of that save."""
+    """``rank`` was killed inside a save of ``step`` or later, in a generation before ``gen``,
+    after it had written files of that save: at a file event after a ``close``, or at the save's
+    ``checkpoint_commit`` point (its files written, the save not yet recorded: a framework's
+    callback records a save only once the whole save returned)."""
+    if any(f.rank == rank and f.gen < gen and f.step == step and f.phase == "checkpoint_commit"
+           for f in history.faults_fired()):
+        return True
     closed = False
     for e in history.file_events():
         if e.rank != rank or e.gen >= gen or (e.at_step or -1) < step:

@@ -654,3 +654,22 @@ def test_state_equivalence_names_each_differing_components_own_save() -> None:
     assert ("on rank 1: what was saved (model saved in generation 0; rng saved by rank 1 in "
             "generation 0) does not match what was loaded (model: m4 -> XX, rng: r1 -> YY)") in v.message, \
         v.message
+
+
+def test_state_equivalence_a_rank_killed_at_the_commit_point_is_unknown_not_never_saved() -> None:
+    """HF Trainer, ``kill_during_save(rank=1, boundary="commit")``: rank 1 wrote its RNG file, then
+    died before the callback recorded the whole save. Whether its file holds its state cannot be
+    told from digests: unknown (crash_consistency judges the files), not "never saved"."""
+    b = Builder(steps=12)
+    b.gen(run=range(0, 5), cause="failure", saves={4: {"model": "m4"}},
+          fault={"rank": 1, "step": 4, "phase": "checkpoint_commit", "kind": "kill", "id": 0})
+    b.rank(0, 0, "ckpt_save", step=4, digest={"rng": "r0"}, per_rank=["rng"])
+    b.gen(resume=5, run=range(5, 12), load=(4, {"model": "m4"}))
+    for e in b.events:   # both ranks restore their own RNG at the load
+        if e.get("gen") == 1 and e["ev"] == "ckpt_load":
+            e["digest"] = {**e["digest"], "rng": f"r{e['rank']}"}
+            e["per_rank"] = ["rng"]
+    v = state_equivalence(b.history())
+    assert v.status == "unknown", v
+    assert "rank 1 loaded its rng for step 4 in generation 1, but it was killed inside that save" \
+        in v.message, v.message
