@@ -57,8 +57,8 @@ def test_a_rank_killed_while_writing_its_save_is_unknown_not_a_fail() -> None:
     b.rank(0, 1, "file", op="open", path="ckpt/state.json", at_step=5, killed="before")
     v = state_equivalence(b.history())
     assert v.status == "unknown", v
-    assert "rank 1 loaded its rng for step 5 in generation 1, but it was killed in the middle " \
-           "of writing that save" in v.message
+    assert "rank 1 loaded its rng for step 5 in generation 1, but it was killed inside that " \
+           "save, after writing files of it" in v.message
     # killed at the save's first file event: it wrote nothing, so its file is missing: a fail
     b = _saves_and_loads({0: {**DIGEST, "rng": "r0"}},
                          {0: {**DIGEST, "rng": "r0"}, 1: {"rng": "r1"}})
