@@ -9,7 +9,7 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Literal
 
 import pytest
 
@@ -18,7 +18,9 @@ from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import
 
 BACKENDS = ("auto", "gloo", "nccl")
 
-OPTIONS: list[tuple[str, str, Any, str]] = [
+#: The ini types pytest's ``Parser.addini`` takes.
+_IniType = Literal["string", "paths", "pathlist", "args", "linelist", "bool", "int", "float"]
+OPTIONS: list[tuple[str, _IniType, Any, str]] = [
     # (name, ini type, default, help) — every flag has an ini twin with the same help.
     ("reshard_artifacts", "string", "reshard-artifacts",
      "folder for per-test artifacts: history, verdict.json, replay command"),

@@ -26,8 +26,10 @@ class Status(str, Enum):
     UNKNOWN = "unknown"
 
     __str__ = str.__str__
-    __format__ = str.__format__
     __hash__ = str.__hash__   # Enum hashes the member *name*; a dict keyed by "pass" must find it
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 PASS, FAIL, UNKNOWN = Status.PASS.value, Status.FAIL.value, Status.UNKNOWN.value

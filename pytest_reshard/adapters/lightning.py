@@ -214,7 +214,7 @@ def _make(pl: Any) -> type:
             if self.max_rewind_steps is not None:
                 return self.max_rewind_steps
             steps = [c._every_n_train_steps for c in trainer.checkpoint_callbacks
-                     if isinstance(c, ModelCheckpoint) and getattr(c, "_every_n_train_steps", 0)]
+                     if isinstance(c, ModelCheckpoint) and getattr(c, "_every_n_train_steps", None)]
             if steps:
                 return min(steps)
             n = trainer.num_training_batches

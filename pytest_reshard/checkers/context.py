@@ -58,11 +58,12 @@ class CheckContext:
     def reference(self, roles: Sequence[str]) -> History:
         """The clean run with these ranks' roles (started by the session on first use, then
         cached). Raises ``LookupError`` when this context has no source of clean runs."""
-        if self.reference_runs is None:
+        runs = self.reference_runs
+        if runs is None:
             raise LookupError("this check context has no clean reference runs (it was built "
                               "without reference_runs=); run the scenario through a Session")
         # asked once per topology, by every checker together
-        return self._once(("reference", tuple(roles)), lambda: self.reference_runs(list(roles)))
+        return self._once(("reference", tuple(roles)), lambda: runs(list(roles)))
 
     def _once(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``'s value, computed once per context; an exception is kept and raised

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import MUTATIONS, FileOp
-from pytest_reshard.history import FileEvent, History, Saved, file_trail
+from pytest_reshard.history import Checkpoint, FileEvent, History, Saved, file_trail
 from pytest_reshard.verdict import Verdict
 
 __all__ = ["crash_consistency", "manifests", "written", "Disk", "Checkpoints", "describe_crash"]
@@ -167,10 +167,11 @@ def manifests(events: Iterable[Any]) -> dict[int, dict[str, int | None]]:
     disk = Disk()
     out: dict[int, dict[str, int | None]] = {}
     for i, e in enumerate(events):
-        if not isinstance(e, FileEvent) or save.get(i) is None:
+        k = save.get(i)
+        if not isinstance(e, FileEvent) or k is None:
             continue
         before = dict(disk.files)
-        for old, new in disk.apply(e, save[i]):
+        for old, new in disk.apply(e, k):
             got = disk.files[new]
             if got is not None and got[2] in out:
                 out[got[2]][new] = out[got[2]].pop(old, got[0])
@@ -178,12 +179,12 @@ def manifests(events: Iterable[Any]) -> dict[int, dict[str, int | None]]:
         if e.op in (FileOp.CLOSE, FileOp.SYMLINK) or (e.op == FileOp.OPEN and e.raw) or \
                 (e.op in (FileOp.COPY, FileOp.RENAME) and e.path == OUTSIDE):
             got = disk.files.get(target)
-            if got is not None:
+            if got is not None and got[2] is not None:  # (always: every file here is a save's)
                 out.setdefault(got[2], {})[target] = got[0] if e.op == FileOp.CLOSE else None
         elif e.op in _REMOVALS:
             for p, got in before.items():     # written and removed by one save: a temporary
-                if p not in disk.files and got is not None and got[2] == save[i]:
-                    out.get(got[2], {}).pop(p, None)
+                if p not in disk.files and got is not None and got[2] == k:
+                    out.get(k, {}).pop(p, None)
     for path in _logs(events):                 # written more often than saved: not a checkpoint
         for files in out.values():
             files.pop(path, None)
@@ -314,13 +315,13 @@ def _resumed_from(history: History, gen: int) -> tuple[list[int | None], str]:
     first_begin: dict[int, int] = {}
     for a in history.attempts(gen):
         first_begin.setdefault(a.rank, a.begin_index)
-    loads = {}
+    loads: dict[int, Checkpoint] = {}
     for c in history.checkpoints("load", gen=gen):
         if c.index < first_begin.get(c.rank, len(history.events)):
             loads.setdefault(c.rank, c)
     g = history.generations[gen]
     if loads:
-        steps = [c.step for _, c in sorted(loads.items())]
+        steps: list[int | None] = [c.step for _, c in sorted(loads.items())]
         source = next((str(c.info.get("source")) for c in loads.values() if c.info.get("source")),
                       g.resume_source or "checkpoint")
         return steps, source
@@ -413,7 +414,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
         if step is not None and step in state.problems and source != "emergency":
             problems.append(f"generation {started} resumed from step {step}, whose checkpoint "
                             f"was not complete {when}: {'; '.join(state.problems[step])}")
-        elif rewind and newest not in doubt:
+        elif rewind and newest is not None and newest not in doubt:
             skipped = sorted({os.path.dirname(p) + "/" if "/" in p else p for p in wanted[newest]})
             problems.append(f"generation {started} resumed from "
                             f"{'scratch' if step is None else f'step {step}'}, a rewind beyond "
@@ -465,9 +466,9 @@ def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]
         if history.generations else ()
     out: dict[int, Mapping[str, int | None]] = {}
     for roles in sorted(set(made_at.values()) | {first}):
-        for k, files in manifests_at(roles).items():
+        for k, manifest in manifests_at(roles).items():
             if made_at.get(k, first) == roles:   # a save the run never made: the first topology
-                out[k] = files
+                out[k] = manifest
     return out
 
 

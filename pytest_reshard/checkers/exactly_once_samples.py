@@ -136,16 +136,16 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     # A sample is lost when the run consumed it fewer times than the reference did by the same
     # step (with unrecorded epochs, a sample dropped in one epoch is still seen in another).
     expected: dict[_Key, int] = {}   # key -> the reference step of its first unmatched use
-    for k, ref in ref_uses.items():
+    for k, in_ref in ref_uses.items():
         left = Counter(o.step for o, _ in uses.get(k, ()))
         unmatched = []
-        for o, _ in ref:
+        for o, _ in in_ref:
             if left[o.step] > 0:
                 left[o.step] -= 1
             else:
                 unmatched.append(o.step)
-        if len(ref) > len(uses.get(k, ())):
-            expected[k] = min(unmatched) if unmatched else ref[-1][0].step
+        if len(in_ref) > len(uses.get(k, ())):
+            expected[k] = min(unmatched) if unmatched else in_ref[-1][0].step
     lost = sorted(expected, key=lambda k: (expected[k], k))
     unsure = _maybe_trained(history)
     if lost and unsure and all((k[1], k[2]) in unsure for k in lost):

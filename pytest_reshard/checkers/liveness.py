@@ -36,26 +36,28 @@ def _what(d: Detection) -> str:
     """``rank 1 died (exit code 1) at step 4, phase backward``."""
     who = f"rank {d.rank}" if d.rank is not None else "a rank"
     at, code = _at(d), _code(d)
-    return {
+    words: dict[str, str] = {
         Detected.DIED: f"{who} died{code} {at}",
         Detected.STOPPED: f"{who} stopped responding {at}",
         Detected.STALLED: f"{who} stalled {at}: alive, but no progress",
         Detected.EXITED_EARLY: f"{who} exited early{code} {at}, before the run finished",
         Detected.OOM: d.detail or f"{who} exceeded its memory budget {at}",
-    }.get(d.kind, f"{who} {d.kind} {at}")
+    }
+    return words.get(d.kind, f"{who} {d.kind} {at}")
 
 
 def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False) -> str:
-    tail = _log_tail(run_dir if log and d.rank is not None else None, d.gen, d.rank)
+    tail = _log_tail(run_dir if log else None, d.gen, d.rank) if d.rank is not None else ""
     return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
 
 
 def _short(d: Detection) -> str:
     """``rank 2 exited at step 15``: a detection in a few words."""
     where = f"at step {d.step}" if d.step is not None else "before its first step"
-    verb = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: "exited",
-            Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled",
-            Detected.OOM: "passed its memory budget"}.get(d.kind, d.kind)
+    verbs: dict[str, str] = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: "exited",
+                             Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled",
+                             Detected.OOM: "passed its memory budget"}
+    verb = verbs.get(d.kind, d.kind)
     return f"rank {d.rank} {verb} {where}"
 
 
@@ -72,9 +74,11 @@ def _never_started_problem(history: History, run_dir: Path | None) -> dict[str, 
                 "checkpoint)" if attached else "before it called probe.attach(): a syntax error, "
                 "an exception at import, or a script that never attaches")
         who = f"rank {d.rank}" if d.rank is not None else "a rank"
-        verb = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: f"exited{_code(d)}",
-                Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled (no progress)",
-                Detected.OOM: "passed its memory budget"}.get(d.kind, d.kind)
+        verbs: dict[str, str] = {
+            Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: f"exited{_code(d)}",
+            Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled (no progress)",
+            Detected.OOM: "passed its memory budget"}
+        verb = verbs.get(d.kind, d.kind)
         text = (f"the run never started: {who} {verb} before its first step, {when} "
                 f"(generation {d.gen}){_log_tail(run_dir, d.gen, d.rank) if d.rank is not None else ''}")
         return {"message": text, "step": None, "rank": d.rank, "generation": d.gen,
@@ -119,7 +123,7 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
     before it."""
     preempts = _preempt_kinds()
     delivered = _delivered(history)
-    problems = []
+    problems: list[dict[str, Any]] = []
     for f in history.faults_fired():
         if f.kind not in preempts:
             continue
@@ -264,7 +268,7 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
                                if len(problems) > 1 else "")
         return Verdict.failed(check, text, step=None, rank=p["rank"], generation=p["generation"],
                               details=details)
-    problems: list[dict[str, Any]] = []
+    problems = []
     logged = False
     for d in history.detections():
         if not d.expected:
@@ -395,7 +399,7 @@ def _check(ctx: CheckContext) -> Verdict:
         return v
     for h in (reference,):
         what = clean_failure(h) if h is not None else None
-        if what is None:
+        if h is None or what is None:
             continue
         gens = h.generations
         size = h.scenario.world_size if h.scenario else (gens[min(gens)].world_size if gens else "?")

@@ -413,22 +413,22 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
                       "state_equivalence")
         else:
             assert first_row is not None
-            r = first_row
-            s, occ = r.step, r.occ
+            row = first_row
+            s, occ = row.step, row.occ
             resume = resume_of(occ)
             if resume == s:
-                text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev_text(r)}"
+                text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev_text(row)}"
             elif resume is not None:
                 text = (f"loss departs from the reference at step {s} (generation {occ.gen}, "
                         f"{s - resume} step{'s' if s - resume != 1 else ''} after the resume at "
-                        f"step {resume}): {dev_text(r)}")
+                        f"step {resume}): {dev_text(row)}")
             else:
                 text = (f"loss departs from the reference at step {s} (generation {occ.gen}): "
-                        f"{dev_text(r)}")
+                        f"{dev_text(row)}")
             worst = max(failing, key=lambda x: (x.units, -x.step))
             if worst.step != s:
                 text += f"; worst at step {worst.step} (generation {worst.occ.gen}): {dev_text(worst)}"
-            text += (f" ({tol_text(r)})" + ("" if resume is None else
+            text += (f" ({tol_text(row)})" + ("" if resume is None else
                      "; a resumed state that differs from the saved one (optimizer moments, LR "
                      "schedule, data position or RNG) does this: see state_equivalence"))
             if jumps:
@@ -446,33 +446,33 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
     summary = _summary(rows, paths, topo, resume_of, exact, window)
     unknown = [r for r in rows if r.status == "unknown"]
     if unknown:
-        r = unknown[0]
-        steps = _ranges(u.step for u in unknown if u.why == r.why)
-        if r.why == "diverged":
-            assert r.agreement is not None
-            a = r.agreement
+        row = unknown[0]
+        steps = _ranges(u.step for u in unknown if u.why == row.why)
+        if row.why == "diverged":
+            assert row.agreement is not None
+            a = row.agreement
             what = "world size" if len(a.a) != len(a.b) else "topology"
             text = (f"training depends on the {what}: {a.describe()}, so steps {steps} of "
                     f"generations that crossed {what}s cannot be judged against a clean run "
-                    f"(first: step {r.step}, {dev_text(r)}); hold the global batch and the "
+                    f"(first: step {row.step}, {dev_text(row)}); hold the global batch and the "
                     "learning rate fixed across world sizes (and draw dropout per sample, not per "
                     "rank) to make the loss comparable, or rely on state_equivalence (digests of "
                     "the state loaded after the reshard)")
-        elif r.why == "nondeterministic":
+        elif row.why == "nondeterministic":
             w = max(window.values(), default=0.0)
             text = (f"the workload is not bit-exact at one world size: before any fault, "
                     f"generation {first_gen} differs from the clean run at "
                     f"{topology_name(first_topo)} by up to {w:.3g}, and steps {steps} differ "
-                    f"from theirs by more than {SPREAD_FACTOR:g}x that (first: step {r.step}, "
-                    f"{dev_text(r)}), which cannot be told from nondeterminism; make training "
+                    f"from theirs by more than {SPREAD_FACTOR:g}x that (first: step {row.step}, "
+                    f"{dev_text(row)}), which cannot be told from nondeterminism; make training "
                     "deterministic (torch.use_deterministic_algorithms, a fixed reduction order) "
                     "or rely on state_equivalence")
         else:
             missing = sorted({topology_name(p) for u in unknown if u.why == "noref"
                               for p in paths[u.occ.gen] + (u.topology,) if p not in refs})
-            text = (f"no clean run at {', '.join(missing) or topology_name(r.topology)} to judge "
+            text = (f"no clean run at {', '.join(missing) or topology_name(row.topology)} to judge "
                     f"steps {steps} against: pass the clean run at every topology the run used")
-        return Verdict.unknown(check, f"{text}; {summary}", step=r.step, generation=r.occ.gen,
+        return Verdict.unknown(check, f"{text}; {summary}", step=row.step, generation=row.occ.gen,
                                details=details)
     if tail:
         return Verdict.unknown(check, f"the run stopped at step {last}: steps {_ranges(tail)} were "

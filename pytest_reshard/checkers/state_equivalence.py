@@ -180,8 +180,8 @@ def state_equivalence(history: History) -> Verdict:
             continue   # this rank recorded what it read, not what it loaded: nothing to compare
         if not earlier:
             if load.expected:
-                baseline = {c: (d, "read (the load's expected digest)", None)
-                            for c, d in load.expected.items()}
+                baseline: dict[str, tuple[str, str, int | None]] = {
+                    c: (d, "read (the load's expected digest)", None) for c, d in load.expected.items()}
                 common = sorted(set(baseline) & set(load.digest))
                 if not common:
                     unverified.append(f"the load of step {step} in generation {gen} (rank {rank}) "
@@ -218,7 +218,7 @@ def state_equivalence(history: History) -> Verdict:
             continue
         per_rank = set(load.per_rank).union(*(s.per_rank for s in earlier.values()))
         src_gen = max(g for g, _, _ in earlier)
-        baseline: dict[str, tuple[str, str, int | None]] = {}
+        baseline = {}
         for comp in load.digest:
             if comp in per_rank:
                 mine = sorted((g for g, r, _ in earlier if r == rank and comp in
@@ -278,18 +278,18 @@ def state_equivalence(history: History) -> Verdict:
             continue
         src_gen = max(g for g, _, _ in earlier)
         src = {k: s for k, s in earlier.items() if k[0] == src_gen}
-        mine = {r: l for (g, r, s), l in loads.items() if g == gen and s == step}
+        by_rank = {r: l for (g, r, s), l in loads.items() if g == gen and s == step}
         per_rank = set().union(*(s.per_rank for s in earlier.values()),
-                               *(l.per_rank for l in mine.values()))
+                               *(l.per_rank for l in by_rank.values()))
         world = gens[gen].world_size if gen in gens else 0
-        loaded_any = set().union(*(l.digest for l in mine.values()))
+        loaded_any = set().union(*(l.digest for l in by_rank.values()))
         reported: set[str] = set()
         for (_, r, _), s in sorted(src.items()):
             for comp in sorted(s.digest):
                 if comp in per_rank:
-                    if r >= world or r not in mine or comp in mine[r].digest:
+                    if r >= world or r not in by_rank or comp in by_rank[r].digest:
                         continue   # that rank is gone (a shrink), recorded no load, or loaded it
-                    who, loaded = f"rank {r}", ", ".join(sorted(mine[r].digest))
+                    who, loaded = f"rank {r}", ", ".join(sorted(by_rank[r].digest))
                 elif comp in loaded_any or comp in reported:
                     continue
                 else:

@@ -395,7 +395,8 @@ def _digests(state: dict[str, Any], world: int, rank: int, base: Any,
     digests, located = {}, {}
     names = list(state)
     while names:
-        batch, size = [], 0
+        batch: list[str] = []
+        size = 0
         while names and (not batch or size < BATCH_BYTES):
             batch.append(names.pop(0))
             dt = state[batch[-1]]

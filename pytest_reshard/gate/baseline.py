@@ -146,12 +146,10 @@ def environment() -> dict[str, Any]:
     """What the numbers were measured on (the stack an upgrade changes)."""
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
                            "executable": sys.executable}
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:
-            return env
+    try:
+        import torch
+    except ImportError:
+        return env
     env["torch"] = torch.__version__
     env["cuda"] = torch.version.cuda
     if torch.cuda.is_available():

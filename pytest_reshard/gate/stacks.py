@@ -35,7 +35,7 @@ from pytest_reshard.gate import baseline as gate
 from pytest_reshard.gate.envs import Env, EnvError, parse_env
 
 PLANT_ENV = "RESHARD_GATE_PLANT"
-_PLANT_UNITS = {"memory": {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30},
+_PLANT_UNITS: dict[str, dict[str, float]] = {"memory": {"b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30},
                 "step_time": {"ms": 1e-3, "s": 1.0}}
 
 
@@ -97,7 +97,11 @@ def run_gate(old: Env, new: Env, *, suite: str, limits: list[gate.Limit], workdi
     stacks = [StackRun("old", old), StackRun("new", new)]
     for stack in stacks:
         out(f"[{stack.label}] preparing {stack.env.spec}")
-        stack.env.prepare(lambda msg, s=stack: out(f"[{s.label}] {msg}"))
+
+        def progress(msg: str, s: StackRun = stack) -> None:
+            out(f"[{s.label}] {msg}")
+
+        stack.env.prepare(progress)
     compat: dict[str, Any] | None = None
     for stack in stacks:
         here = workdir / stack.label
@@ -179,7 +183,9 @@ def report(stacks: list[StackRun], baselines: Path, limits: list[gate.Limit],
     lines: list[str] = []
     changes: list[gate.Change] = []
     if all(docs):
-        lines, changes, missing = gate.diff_table(docs[0], docs[1], limits,
+        old_doc, new_doc = docs[0], docs[1]
+        assert old_doc is not None and new_doc is not None  # all(docs)
+        lines, changes, missing = gate.diff_table(old_doc, new_doc, limits,
                                                   labels=(f"old ({stacks[0].env.spec})",
                                                           f"new ({stacks[1].env.spec})"))
         problems += [f"scenario {m} ran in one stack only" for m in missing]

@@ -31,8 +31,8 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], 
     for path in files:
         try:
             file_events, file_torn = read_jsonl(path)
-        except ValueError as e:
-            raise HistoryError(str(e)) from None
+        except ValueError as err:
+            raise HistoryError(str(err)) from None
         m = RANK_FILE.fullmatch(path.name)
         for lineno, e in file_events:
             validate(e, f"{path}:{lineno}")

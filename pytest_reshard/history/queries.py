@@ -340,7 +340,7 @@ class History(MembershipQueries):
                 continue
             key, step = (int(e["gen"]), int(e["rank"])), e.get("step")
             if e["ev"] == Ev.BEGIN:
-                open_.setdefault(key, {})[int(step)] = _t(e)
+                open_.setdefault(key, {})[int(e["step"])] = _t(e)  # validated: an int
             elif e["ev"] == Ev.END and step in open_.get(key, {}):
                 done.append(StepSpan(key[0], key[1], int(step), open_[key].pop(step), _t(e)))
         unfinished = [StepSpan(g, r, s, t0, None) for (g, r), steps in open_.items()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, TypeVar, Union
+from typing import Any, Iterable, Literal, Mapping, TypeVar, Union, overload
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Cause, Detected, Ev, FileOp, MemberAction
 
@@ -461,8 +461,14 @@ _RECORDS = (FileEvent, Saved, Begun, Ended, Started, Point, StepError, Signal, E
             FaultFired)
 
 
+@overload
+def file_trail(events: Iterable[Event | RankRecord], *, begins: Literal[False] = False
+               ) -> list[FileEvent | Saved]: ...
+@overload
+def file_trail(events: Iterable[Event | RankRecord], *, begins: bool
+               ) -> list[FileEvent | Saved | Begun]: ...
 def file_trail(events: Iterable[Event | RankRecord], *, begins: bool = False
-               ) -> list[FileEvent | Saved | Begun]:
+               ) -> list[FileEvent | Saved] | list[FileEvent | Saved | Begun]:
     """The file events and save records among ``events`` (raw rank events or records), in
     order; with ``begins``, each step's ``Begun`` too. What the file checkers and the sweep read."""
     out: list[FileEvent | Saved | Begun] = []

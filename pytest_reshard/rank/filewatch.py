@@ -309,7 +309,8 @@ class _WatchedFile:
         if self._tear_at:          # the file ended before the torn length: it is all written
             kill_self()
         self._w.event(FileOp.CLOSE, self.rel, written=self._written, **self._summary())
-        self._w._fds.pop(self._fd, None)
+        if self._fd is not None:
+            self._w._fds.pop(self._fd, None)
         self._real.close()
         self._w.flip_if_armed(self.rel)
 

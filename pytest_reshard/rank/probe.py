@@ -507,6 +507,7 @@ class Run:
         the watcher, which an executor may arm (``kill_at_file_event``). Idempotent."""
         from pytest_reshard.rank.filewatch import install
 
+        assert self.workdir is not None, "watch_files needs an active Run"
         self._files_watched = True
         return install(self.workdir, self._emit_file, lambda: self._last_step)
 
@@ -699,10 +700,10 @@ def _executor(fault: Mapping[str, Any]) -> Callable[[Run, Mapping[str, Any]], No
                 raise ImportError(f"fault kind {fault['kind']!r}: cannot load {path}")
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
-        fn = module
+        target: Any = module
         for part in attr.split("."):
-            fn = getattr(fn, part)
-        _EXECUTORS[name] = fn
+            target = getattr(target, part)
+        fn = _EXECUTORS[name] = target
     return fn
 
 

@@ -124,9 +124,9 @@ class HealthSnapshot:
 
     def __add__(self, other: "HealthSnapshot") -> "HealthSnapshot":
         sources = [s for s in (self.source, other.source) if s != "none"]
+        counts = {c: getattr(self, c) + getattr(other, c) for c in _COUNTERS}
         return HealthSnapshot(
-            *(getattr(self, c) + getattr(other, c) for c in _COUNTERS),
-            xid_events=self.xid_events + other.xid_events,
+            **counts, xid_events=self.xid_events + other.xid_events,
             source="+".join(sources) if sources else "none")
 
 
@@ -226,14 +226,14 @@ def inject_ecc(run: Any, kind: str = "dbe", xid: int | None = None) -> HealthSna
     path = injected_path(Path(run.workdir).parent, run.generation, run.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        data = json.loads(path.read_text())
-        if not isinstance(data, dict):
-            data = {}
+        old = json.loads(path.read_text())
+        if not isinstance(old, dict):
+            old = {}
     except (OSError, ValueError):
-        data = {}
-    data = {c: int(data.get(c, 0)) for c in _COUNTERS} | {
-        "xid_events": [int(x) for x in data.get("xid_events", [])],
-        "injections": list(data.get("injections", []))}
+        old = {}
+    data: dict[str, Any] = {c: int(old.get(c, 0)) for c in _COUNTERS} | {
+        "xid_events": [int(x) for x in old.get("xid_events", [])],
+        "injections": list(old.get("injections", []))}
     if kind == "dbe":
         data["ecc_dbe_volatile"] += 1
         data["retired_pages_dbe"] += 1
@@ -505,17 +505,19 @@ class Telemetry:
     def sample(self) -> Sample:
         snap = self.health.poll()
         times = os.times()
-        common = {"device": self.health.label, "memory_peak": procfs.status_bytes("self", "VmHWM"),
-                  "cpu_time": round(times.user + times.system, 3), "health": snap}
+        device, peak = self.health.label, procfs.status_bytes("self", "VmHWM")
+        cpu_time = round(times.user + times.system, 3)
         nvml = self.health._nvml
         if nvml is not None:
             used, total, util, clocks = nvml.usage()
             refused = "; ".join(f"{q}: {why}" for q, why in sorted(nvml.unsupported.items()))
-            return Sample("nvml", memory_used=used, memory_total=total, utilization=util,
-                          clocks=clocks, note=f"refused: {refused}" if refused else "", **common)
-        return Sample("cpu", memory_used=procfs.status_bytes("self", "VmRSS"), memory_total=_host_memory(),
-                      utilization=None, clocks={}, note=f"no GPU reading: "
-                      f"{self.health.nvml_error}", **common)
+            return Sample("nvml", device, memory_used=used, memory_total=total, memory_peak=peak,
+                          cpu_time=cpu_time, utilization=util, clocks=clocks, health=snap,
+                          note=f"refused: {refused}" if refused else "")
+        return Sample("cpu", device, memory_used=procfs.status_bytes("self", "VmRSS"),
+                      memory_total=_host_memory(), memory_peak=peak, cpu_time=cpu_time,
+                      utilization=None, clocks={}, health=snap,
+                      note=f"no GPU reading: {self.health.nvml_error}")
 
     def close(self) -> None:
         self.health.close()

@@ -376,7 +376,7 @@ def loss_svg(data: ChartData, height: int = 320) -> str:
         return _TOP + plot_h * (1 - (f(v) - ylo) / (yhi - ylo))
 
     for g in data.generations:  # shaded generation bands
-        if g.first_step is None:
+        if g.first_step is None or g.last_step is None:
             continue
         a, b = X(g.first_step), X(g.last_step + 1)
         svg.add(f'<g class="generation" data-gen="{g.gen}"><rect x="{_f(a)}" y="{_TOP}" '
@@ -460,17 +460,17 @@ def timeline_svg(data: ChartData) -> str:
         svg.add(f'<g class="rank-row" data-rank="{r}"><text x="{x0 - 8}" y="{y + row_h / 2 + 4}" '
                 f'text-anchor="end">rank {r}</text><line x1="{x0}" x2="{x1}" y1="{y + row_h}" '
                 f'y2="{y + row_h}" stroke="#eee"/></g>')
-    for b in data.bars:
-        y = _TOP + b.rank * row_h + 4
-        a, w = X(b.t0), max(X(b.t1) - X(b.t0), 0.8)
-        steps = f"step {b.first_step}" if b.first_step == b.last_step else \
-            f"steps {b.first_step}-{b.last_step}"
-        shade = 0.85 if b.first_step % 2 == 0 else 0.6
-        extra = '' if b.done else f' stroke="{FAULT_COLOUR}" stroke-dasharray="2 1" fill-opacity="0.25"'
-        svg.add(f'<rect class="step{"" if b.done else " unfinished"}" x="{_f(a)}" y="{y}" '
-                f'width="{_f(w)}" height="{row_h - 8}" fill="{colour(b.gen)}" opacity="{shade}"'
-                f'{extra}><title>g{b.gen} r{b.rank} {steps}: {(b.t1 - b.t0) * 1000:.0f} ms'
-                f'{"" if b.done else ", never ended"}</title></rect>')
+    for bar in data.bars:
+        y = _TOP + bar.rank * row_h + 4
+        a, w = X(bar.t0), max(X(bar.t1) - X(bar.t0), 0.8)
+        steps = f"step {bar.first_step}" if bar.first_step == bar.last_step else \
+            f"steps {bar.first_step}-{bar.last_step}"
+        shade = 0.85 if bar.first_step % 2 == 0 else 0.6
+        extra = '' if bar.done else f' stroke="{FAULT_COLOUR}" stroke-dasharray="2 1" fill-opacity="0.25"'
+        svg.add(f'<rect class="step{"" if bar.done else " unfinished"}" x="{_f(a)}" y="{y}" '
+                f'width="{_f(w)}" height="{row_h - 8}" fill="{colour(bar.gen)}" opacity="{shade}"'
+                f'{extra}><title>g{bar.gen} r{bar.rank} {steps}: {(bar.t1 - bar.t0) * 1000:.0f} ms'
+                f'{"" if bar.done else ", never ended"}</title></rect>')
     for m in data.marks:
         x, y = X(m.t), _TOP + m.rank * row_h
         if m.kind in (SAVE, LOAD):
@@ -483,16 +483,16 @@ def timeline_svg(data: ChartData) -> str:
             svg.add(f'<g class="detection" data-kind="{escape(m.kind)}"><path d="M{_f(x - 5)} '
                     f'{y + 4} l10 10 m0 -10 l-10 10" stroke="#000" stroke-width="2"/>'
                     f'<title>{escape(m.label)}</title></g>')
-    for m in data.faults:
-        if not m.fired or m.t is None:
+    for fault in data.faults:
+        if not fault.fired or fault.t is None:
             continue
-        x = X(m.t)
-        for r in m.ranks or (0,):
+        x = X(fault.t)
+        for r in fault.ranks or (0,):
             y = _TOP + r * row_h
-            svg.add(f'<g class="fault" data-kind="{escape(m.kind)}"><polygon points="{_f(x)},'
+            svg.add(f'<g class="fault" data-kind="{escape(fault.kind)}"><polygon points="{_f(x)},'
                     f'{y + 2} {_f(x + 6)},{y + row_h / 2} {_f(x)},{y + row_h - 2} {_f(x - 6)},'
                     f'{y + row_h / 2}" fill="{FAULT_COLOUR}" stroke="white"/>'
-                    f'<title>{escape(m.label)} (rank {r}, {m.t:.3f} s)</title></g>')
+                    f'<title>{escape(fault.label)} (rank {r}, {fault.t:.3f} s)</title></g>')
     for a, b in data.axis.gaps:  # squeezed idle stretches
         xa, xb = X(a), X(b)
         svg.add(f'<g class="gap"><rect x="{_f(xa)}" y="{_TOP}" width="{_f(xb - xa)}" '

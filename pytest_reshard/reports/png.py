@@ -38,7 +38,7 @@ def write(data: ChartData, folder: Path) -> list[Path]:
 def _loss(fig, data: ChartData):
     ax = fig.add_subplot()
     for g in data.generations:
-        if g.first_step is not None:
+        if g.first_step is not None and g.last_step is not None:
             ax.axvspan(g.first_step, g.last_step + 1, color=colour(g.gen), alpha=0.10, lw=0)
     if data.reference:
         xs, ys = zip(*data.reference, strict=True)
@@ -82,10 +82,10 @@ def _timeline(fig, data: ChartData):
         ax.axvspan(u(a), u(b), facecolor="none", edgecolor="#ccc", hatch="///", lw=0)
         ax.annotate(f"{b - a:.1f} s", ((u(a) + u(b)) / 2, 0), xycoords=("data", "axes fraction"),
                     xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7, color="#888")
-    for b in data.bars:
-        ax.broken_barh([(u(b.t0), max(u(b.t1) - u(b.t0), 0.0005))], (b.rank - 0.35, 0.7),
-                       facecolors=colour(b.gen), alpha=0.85 if b.first_step % 2 == 0 else 0.6,
-                       edgecolors=None if b.done else FAULT_COLOUR)
+    for bar in data.bars:
+        ax.broken_barh([(u(bar.t0), max(u(bar.t1) - u(bar.t0), 0.0005))], (bar.rank - 0.35, 0.7),
+                       facecolors=colour(bar.gen), alpha=0.85 if bar.first_step % 2 == 0 else 0.6,
+                       edgecolors=None if bar.done else FAULT_COLOUR)
     for f in data.faults:
         if f.fired and f.t is not None:
             ax.scatter([u(f.t)] * len(f.ranks or (0,)), list(f.ranks or (0,)), marker="D", s=40,

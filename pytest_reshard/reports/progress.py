@@ -66,8 +66,9 @@ class LiveLine:
             self.reporter.rewrite(self._fit(self.prefix + text), erase=True)
             self.reporter.write("\n", flush=True)
             self._live = False
-            if (self._pending or self._shown) is not None:
-                self._draw(self._pending or self._shown)
+            latest = self._pending or self._shown
+            if latest is not None:
+                self._draw(latest)
         else:
             self.reporter.write_line(self.prefix + text)
 

@@ -195,7 +195,8 @@ def schedule_machine(run: Any, world_size: int, steps: int, *,
     class ScheduleMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.clock, self.size, self.faults = 0, world_size, []
+            self.clock, self.size = 0, world_size
+            self.faults: list[Fault] = []
 
         def _add(self, fault: Fault) -> None:
             self.faults.append(fault)

@@ -18,9 +18,6 @@ from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
 from pytest_reshard.supervisor.scenario import Scenario
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pytest_reshard.session.runner import Session
-
 __all__ = ["ReferenceRuns", "KILL_GRACE_S", "usable_cpus", "concurrent_reference_ok"]
 
 
@@ -36,9 +33,12 @@ class ReferenceRuns:
     _references: dict[str, History]
     _launchers: dict[tuple[str, ...], ForkLauncher]
 
-    if TYPE_CHECKING:  # pragma: no cover
-        execute = Session.execute
-        shared_launcher = Session.shared_launcher
+    if TYPE_CHECKING:  # pragma: no cover - Session's, which this mixin calls
+        def execute(self, scenario: Scenario, run_dir: Path, replay: str = "", name: str = "",
+                    progress: Callable[[str], None] | None = None, live: bool = True,
+                    launcher: Any = None) -> History: ...
+
+        def shared_launcher(self, scenario: Scenario) -> ForkLauncher | None: ...
 
     def reference(self, scenario: Scenario, roles: Sequence[str]) -> History:
         """A fault-free run of the same workload, seed and data with these ranks' roles (cached).
@@ -102,6 +102,7 @@ class ReferenceRuns:
         # to the background run, which never starts one: once it is closed, that run fails at
         # its next launch.
         fork = self.shared_launcher(clean)
+        assert fork is not None  # clean.launcher is the fork launcher (checked above)
         fork.start()
         borrowed = fork.borrowed()
         self._pending[key] = _Background(

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from pytest_reshard.contract import HUB_PROTOCOL, RunDir
 
@@ -125,7 +125,7 @@ class Hub:
             self._sel.unregister(key.fileobj)
             if isinstance(key.data, _Conn) and key.data.fd >= 0:
                 os.close(key.data.fd)
-            key.fileobj.close()
+            cast(socket.socket, key.fileobj).close()  # only sockets are registered
         self._sel.close()
         self._wake_w.close()
 

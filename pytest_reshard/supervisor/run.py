@@ -193,10 +193,10 @@ class Supervisor:
             store = None if self.launcher.own_rendezvous else _store(world_size)
             port = store.port if store is not None else free_port()
             restart = self._live is not None  # elastic agents restart the ranks: watch them
+            by: dict[str, Any] = {"by": "elastic agents"} if restart else {}
             self.record(Ev.GEN_START, gen=gen, world_size=world_size, roles=roles,
-                        launcher=sc.launcher, port=port,
-                        **({"by": "elastic agents"} if restart else {}))
-            if restart:
+                        launcher=sc.launcher, port=port, **by)
+            if self._live is not None:  # restart
                 self._live = self._live.advance(gen, world_size)
             else:
                 specs = self._specs(gen, world_size, roles, port, store is not None)
@@ -273,6 +273,7 @@ class Supervisor:
             return Outcome(Cause.FAILURE, fault_id=outcome.fault_id if outcome else None,
                            detail=f"the ranks asked to reshard in place after step {step}, "
                                   f"which the harness refused: {problem}")
+        assert outcome.next_world_size is not None  # a planned reshard's outcome names the size
         new_roles = next_roles(roles, outcome.next_world_size, lost=None, wanted=outcome.next_roles)
         world = len(new_roles)
         survivors = list(range(min(len(roles), world)))

@@ -160,9 +160,10 @@ class Watch:
         # own exit is reaped: blame the rank an unplanned-death fault fired on.
         culprit = self.ranks.faulted(kinds.Ending.DEATH)
         if culprit is not None:
-            if codes.get(culprit) is None:
+            culprit_code = codes.get(culprit)
+            if culprit_code is None:
                 return  # judge again once the culprit's exit is reported
-            rank, code = culprit, codes[culprit]
+            rank, code = culprit, culprit_code
             normal = code == 0 or self.tail.clean_exit(self.gen, rank)
         self.reported.add(rank)
         fault = self.fault_for(rank, kinds.Ending.DEATH)
@@ -189,10 +190,10 @@ class Watch:
             now = time.monotonic()
             # Judge exits in the order the ranks went quiet: in a cascade the root cause (a
             # silent exit, an exception of its own) stops writing events before its peers fail.
-            exited = [r for r, c in codes.items() if c is not None and r not in self.reported]
+            exited = {r: c for r, c in codes.items() if c is not None and r not in self.reported}
             for rank in sorted(exited, key=self.ranks.last_event_t):
                 if self.failure is None:
-                    self._on_exit(rank, codes[rank], codes, now)
+                    self._on_exit(rank, exited[rank], codes, now)
             self.ranks.watch_memory(codes)
             if all(c is not None for c in codes.values()) and policy.on_all_exited(codes):
                 return policy.outcome(codes)

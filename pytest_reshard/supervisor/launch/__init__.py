@@ -201,7 +201,7 @@ def registered() -> list[str]:
     return sorted(_LAUNCHERS)
 
 
-def launcher_class(name: str) -> type:
+def launcher_class(name: str) -> type[Launcher]:
     if name not in _LAUNCHERS:
         raise ValueError(f"unknown launcher {name!r}: use one of {', '.join(registered())}")
     module, _, cls = _LAUNCHERS[name].partition(":")

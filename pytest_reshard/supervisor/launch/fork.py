@@ -70,9 +70,8 @@ class ForkLauncher:
 
     def launch(self, specs: Sequence[RankSpec]) -> LiveGeneration:
         server = self.start()
-        pids = server.spawn_many([(s.argv, s.env, s.cwd, s.log) for s in specs])
-        pids = dict(zip((s.rank for s in specs), pids))
-        return ForkGeneration(server, pids)
+        started = server.spawn_many([(s.argv, s.env, s.cwd, s.log) for s in specs])
+        return ForkGeneration(server, dict(zip((s.rank for s in specs), started)))
 
     def close(self) -> None:
         self.closed = True

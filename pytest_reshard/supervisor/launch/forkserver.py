@@ -29,9 +29,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 from pytest_reshard.procfs import killpg
+
+if TYPE_CHECKING:  # pragma: no cover
+    from importlib.machinery import ModuleSpec
 
 PR_SET_PDEATHSIG = 1
 
@@ -235,6 +238,7 @@ def _run_child(req: dict) -> NoReturn:
             known = _cached(("m", argv[1]))
             if known is not None:  # what runpy does below, with the server's code object
                 code, spec = known
+                assert spec is not None and spec.origin  # _cached checked a module's origin
                 sys.argv[0] = spec.origin
                 runpy._run_code(code, sys.modules["__main__"].__dict__, None,  # type: ignore[attr-defined]
                                 "__main__", spec)
@@ -269,7 +273,7 @@ _OWN_FILES = {__file__, "<frozen runpy>", getattr(sys.modules.get("runpy"), "__f
 # What the server compiled once, for every rank it forks: ("m", module) or ("s", script path) ->
 # (the source's (mtime_ns, size, inode), code, spec or None). A rank runs a cached code object only
 # while its source file is unchanged; otherwise it compiles as a cold interpreter would.
-_CODE: dict[tuple[str, str], tuple[tuple[int, int, int], object, object]] = {}
+_CODE: dict[tuple[str, str], tuple[tuple[int, int, int], object, ModuleSpec | None]] = {}
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -280,7 +284,7 @@ def _stamp(path: str) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
-def _cached(key: tuple[str, str]) -> tuple[object, object] | None:
+def _cached(key: tuple[str, str]) -> tuple[object, ModuleSpec | None] | None:
     entry = _CODE.get(key)
     if entry is None:
         return None

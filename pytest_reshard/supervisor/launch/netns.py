@@ -26,7 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,7 +191,7 @@ def _free_subnet() -> int:
     return free[(os.getpid() * 7) % len(free)]
 
 
-def _remove(namespaces: list[str | None], links: list[str]) -> None:
+def _remove(namespaces: Sequence[str | None], links: list[str]) -> None:
     for name in namespaces:
         if name is None or not (NETNS_DIR / name).exists():
             continue

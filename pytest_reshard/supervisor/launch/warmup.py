@@ -74,7 +74,8 @@ def _keep_default_group() -> None:
             _DEFAULT_GROUPS.append(pg)
         setter(self, pg)
 
-    world.default_pg = property(slot.fget, keep, slot.fdel, slot.__doc__)
+    # world is torch's private _World class (its default_pg property was found above)
+    world.default_pg = property(slot.fget, keep, slot.fdel, slot.__doc__)  # type: ignore[union-attr]
 
 
 if torch.distributed.is_available():
