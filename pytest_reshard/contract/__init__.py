@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS",
            "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl", "write_json", "encode_event"]
+           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl", "write_json", "encode_event", "name_of"]
 
 
 class Env:
@@ -277,6 +277,16 @@ class Torn:
     file: str
     line: int
     text: str
+
+
+def name_of(event: Mapping[str, Any]) -> Ev | str:
+    """An event's name as the contract's ``Ev`` (a name it does not know stays a string): the one
+    place that reads the wire's ``ev`` field, for every reader of raw events."""
+    name = event["ev"]
+    try:
+        return Ev(name)
+    except ValueError:
+        return name
 
 
 def write_json(path: Path, data: Any, *, indent: int | None = None) -> None:

@@ -7,7 +7,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from pytest_reshard.contract import Detected, Ev
+from pytest_reshard.contract import Detected, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.outcome import Failure
 
@@ -23,7 +23,7 @@ STOP_CONFIRM_S = 0.1
 
 def ends(ev: dict, ending: kinds.Ending) -> bool:
     """A fault event whose kind ends its victim this way (with these params)."""
-    return ev["ev"] == Ev.FAULT and kinds.ending_of(ev["kind"], ev["params"]) is ending
+    return name_of(ev) == Ev.FAULT and kinds.ending_of(ev["kind"], ev["params"]) is ending
 
 
 def _where(step: int | None, phase: str | None) -> str:
@@ -116,7 +116,7 @@ class RankWatch:
             if code is not None:
                 continue
             events = loop.tail.events(loop.gen, rank)
-            if events and events[-1]["ev"] == Ev.EXIT:
+            if events and name_of(events[-1]) == Ev.EXIT:
                 continue  # closed: its interpreter is exiting, and the heartbeat with it
             state = loop.live.state(rank, pids.get(rank))
             if state == "T":

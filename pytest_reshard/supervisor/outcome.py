@@ -6,7 +6,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.contract import Cause, Ev, name_of
 from pytest_reshard.schedule import kinds
 
 __all__ = ["Outcome", "Status", "Failure", "PendingEnd", "rebalanced"]
@@ -82,7 +82,7 @@ class PendingEnd:
     def of_request(cls, ev: dict[str, Any], fault_id: int | None, now: float) -> "PendingEnd":
         """The workload drains itself (``run.request_reshard``, e.g. its health monitor saw an
         ECC error): attributed to the last fault that fired in the generation, if any."""
-        assert ev["ev"] == Ev.REQUEST
+        assert name_of(ev) == Ev.REQUEST
         return cls(Cause.DRAIN, fault_id, ev.get("step"), "request",
                    {"to_world_size": ev["to_world_size"]}, reason=ev.get("reason", ""),
                    deadline=now + float(ev.get("grace_s", 30.0)))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import filewatch
-from pytest_reshard.contract import Cause, Env, Ev, RunDir, write_json
+from pytest_reshard.contract import Cause, Env, Ev, name_of, RunDir, write_json
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
@@ -246,7 +246,7 @@ class Supervisor:
             peaks = watch.ranks.peaks
             for rank in range(len(roles)):  # a rank's own last word on its peak, if it had one
                 exits = [e for e in self.tail.events(gen, rank)
-                         if e["ev"] == Ev.EXIT and e.get("peak_rss")]
+                         if name_of(e) == Ev.EXIT and e.get("peak_rss")]
                 if exits:
                     peaks[rank] = max(peaks.get(rank, 0), int(exits[-1]["peak_rss"]))
             for rank, peak in sorted(peaks.items()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pytest_reshard.contract import RunDir, Ev
+from pytest_reshard.contract import Ev, name_of, RunDir
 
 __all__ = ["EventTail"]
 
@@ -48,21 +48,23 @@ class EventTail:
     def pids(self, gen: int) -> dict[int, int]:
         self.poll(gen)
         return {r: evs[0]["pid"] for (g, r), evs in self.by_rank.items()
-                if g == gen and evs and evs[0]["ev"] == Ev.START}
+                if g == gen and evs and name_of(evs[0]) == Ev.START}
 
     def clean_exit(self, gen: int, rank: int) -> bool:
         self.poll(gen)
         evs = self.events(gen, rank)
-        return bool(evs) and evs[-1]["ev"] == Ev.EXIT
+        return bool(evs) and name_of(evs[-1]) == Ev.EXIT
 
     def last_position(self, gen: int, rank: int) -> tuple[int | None, str | None]:
         """(step, phase) where the rank was last seen."""
         for ev in reversed(self.events(gen, rank)):
-            if ev["ev"] == Ev.POINT:
+            if name_of(ev) == Ev.POINT:
                 return ev["step"], ev["phase"]
-            if ev["ev"] in (Ev.BEGIN, Ev.END, Ev.ERROR, Ev.FAULT):
-                phase = {Ev.BEGIN: "begin", Ev.END: "end"}.get(ev["ev"], ev.get("phase"))
-                return ev["step"], phase
+            name = name_of(ev)
+            if name in (Ev.BEGIN, Ev.END):
+                return ev["step"], "begin" if name == Ev.BEGIN else "end"
+            if name in (Ev.ERROR, Ev.FAULT):
+                return ev["step"], ev.get("phase")
         return None, "startup"
 
 

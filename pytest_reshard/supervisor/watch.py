@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from pytest_reshard.contract import Cause, Detected, Ev
+from pytest_reshard.contract import Cause, Detected, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.detect import RankWatch, ends, record_detection
 from pytest_reshard.supervisor.launch import LiveGeneration
@@ -95,8 +95,8 @@ class Watch:
     def last_end(self, rank: int) -> int | None:
         """The last step whose effect the rank holds: the last it ended, or the one before where
         it resumed (a generation that resumes past the last step has nothing left to run)."""
-        done = [ev["step"] if ev["ev"] == Ev.END else ev["step"] - 1
-                for ev in self.tail.events(self.gen, rank) if ev["ev"] in (Ev.END, Ev.RESUMED)]
+        done = [ev["step"] if name_of(ev) == Ev.END else ev["step"] - 1
+                for ev in self.tail.events(self.gen, rank) if name_of(ev) in (Ev.END, Ev.RESUMED)]
         return max(done) if done else None
 
     def take_events(self) -> None:
@@ -107,7 +107,7 @@ class Watch:
             if ev["gen"] != self.gen:
                 continue  # read late, after its generation ended
             self.last_progress = now
-            kind = ev["ev"]
+            kind = name_of(ev)
             if kind == Ev.BEGIN:
                 self.started_training = True
             elif kind == Ev.FAULT and ev["id"] not in self.fired:
@@ -118,7 +118,7 @@ class Watch:
                 fired = [f for f in self.fired.values() if f["gen"] == self.gen]
                 self.pending = PendingEnd.of_request(ev, fired[-1]["id"] if fired else None, now)
         if events and self.ctx.on_status is not None:
-            begun = [ev["step"] for ev in events if ev["gen"] == self.gen and ev["ev"] == Ev.BEGIN]
+            begun = [ev["step"] for ev in events if ev["gen"] == self.gen and name_of(ev) == Ev.BEGIN]
             if begun:
                 self.step = max([*begun, *([] if self.step is None else [self.step])])
             self.ctx.on_status(Status(self.gen, self.world_size, self.step, self.sc.steps,

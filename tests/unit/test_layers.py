@@ -186,3 +186,19 @@ def test_no_import_cycles():
     found = cycles(graph)
     described = ["\n  ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) for c in found]
     assert not found, "import cycles:\n  " + "\n\n  ".join(described)
+
+
+def test_only_the_contract_and_the_history_read_an_events_name():
+    """Everyone else asks ``contract.name_of`` or the history's records: one reader of the wire."""
+    readers = ("pytest_reshard.contract", "pytest_reshard.history")
+    found = []
+    for name, path in modules():
+        if name.startswith(readers):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = node.slice if isinstance(node, ast.Subscript) else \
+                node.args[0] if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get" \
+                and node.args else None
+            if isinstance(key, ast.Constant) and key.value == "ev":
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, "raw reads of an event's name: " + ", ".join(found)

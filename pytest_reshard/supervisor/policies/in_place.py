@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.contract import Cause, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.outcome import Outcome
 
@@ -83,7 +83,7 @@ class InPlace:
             return self.inner.handed_over(codes)
         for rank, code in codes.items():
             events = self.loop.tail.events(self.loop.gen, rank)
-            if code is None and not (events and events[-1]["ev"] == Ev.EXIT
+            if code is None and not (events and name_of(events[-1]) == Ev.EXIT
                                      and events[-1].get("moved_to")):
                 return None
         return self.handover
