@@ -69,6 +69,7 @@ AGREE_UPDATE = 1e-2
 AGREE_ROUNDING = 1e-5
 
 Topology = tuple  # the role of each rank, in rank order
+CHECK = "loss_continuity"
 
 
 def topology_name(topology: Topology) -> str:
@@ -234,12 +235,55 @@ def loss_continuity(history: History, *, references: Iterable[History] | Mapping
 
 def _judge(history: History, *, references: Iterable[History] | Mapping[Any, History],
            reference: History | None, deterministic: bool | None) -> Verdict:
-    check = "loss_continuity"
+    refs = _reference_losses(references, reference)
+    if isinstance(refs, Verdict):
+        return refs
+    run = {s: (occ, loss) for s, (occ, loss) in history.kept_losses().items()}
+    if not run:
+        return Verdict.unknown(CHECK, "the run recorded no loss for any kept step; call "
+                               "s.record(loss=loss.item()) in every step")
+    case = _Case(history, refs, run, deterministic)
+    rows = [case.row(s) for s in sorted(run)]
+    jumps = case.jumps({r.step: r for r in rows})
+    last = max(run)
+    base = refs.get(case.first_topo) or next(iter(refs.values()))
+    gaps = sorted(s for s in base if s not in run and s <= last)
+    tail = sorted(s for s in base if s > last)
+    details: dict[str, Any] = {
+        "factor": SPREAD_FACTOR, "compared": sum(r.ref is not None for r in rows),
+        "missing": gaps, "not_reached": tail,
+        "deviations": {r.step: r.loss - r.ref for r in rows if r.ref is not None},
+        "tolerances": {r.step: r.tol for r in rows if math.isfinite(r.tol)},
+        "regimes": {r.step: r.why for r in rows},
+        "references": [topology_name(t) for t in refs],
+        "deterministic": case.exact, "jumps": [j.step for j in jumps],
+        "divergence": {f"{topology_name(a.a)} vs {topology_name(a.b)}": a.diverged_at
+                       for a in case.agreements.values()}}
+    failing = [r for r in rows if r.status == "fail"]
+    if failing or jumps:
+        return case.failed(failing, jumps, details)
+    if gaps:
+        return Verdict.failed(CHECK, f"no loss for kept steps {_ranges(gaps)} although the reference "
+                              f"has them and the run went on to step {last}: they were skipped or "
+                              "their loss was not recorded", step=gaps[0], details=details)
+    summary = _summary(rows, case)
+    unknown = [r for r in rows if r.status == "unknown"]
+    if unknown:
+        return case.unknown(unknown, summary, details)
+    if tail:
+        return Verdict.unknown(CHECK, f"the run stopped at step {last}: steps {_ranges(tail)} were "
+                               f"never compared; {summary}", step=last + 1, details=details)
+    return Verdict.passed(CHECK, summary, details=details)
+
+
+def _reference_losses(references: Iterable[History] | Mapping[Any, History],
+                      reference: History | None) -> dict[Topology, dict[int, float]] | Verdict:
+    """The clean runs' losses by topology, or why there are none to judge against."""
     given = [] if isinstance(references, Mapping) else list(references)
     if reference is not None:
         given.insert(0, reference)
     if not given and not (isinstance(references, Mapping) and references):
-        return Verdict.unknown(check, "no reference run to compare with: pass references=[History "
+        return Verdict.unknown(CHECK, "no reference run to compare with: pass references=[History "
                                "of a fault-free run with the same seed and data order at each "
                                "world size the run used]")
     refs: dict[Topology, dict[int, float]] = {}
@@ -249,162 +293,150 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
     for h in given:
         refs.setdefault(_topology_of(h), _losses(h))
     if not any(refs.values()) or any(not v for v in refs.values()):
-        return Verdict.unknown(check, "the reference run recorded no loss; call "
+        return Verdict.unknown(CHECK, "the reference run recorded no loss; call "
                                "s.record(loss=loss.item()) in every step")
-    run = {s: (occ, loss) for s, (occ, loss) in history.kept_losses().items()}
-    if not run:
-        return Verdict.unknown(check, "the run recorded no loss for any kept step; call "
-                               "s.record(loss=loss.item()) in every step")
+    return refs
 
-    gens = history.generations
-    first_gen = min(gens) if gens else min(occ.gen for occ, _ in run.values())
 
-    def topo(gen: int) -> Topology:
-        if gen in gens and gens[gen].roles:
-            return tuple(gens[gen].roles)
-        return next(iter(refs))  # a history without generation records: its only reference
+class _Case:
+    """A run's kept losses with the clean runs they are judged against, and what follows from
+    them: each generation's path of topologies, and whether one size is bit-exact."""
 
-    owners = sorted({occ.gen for occ, _ in run.values()})
-    paths: dict[int, tuple[Topology, ...]] = {}
-    seen: list[Topology] = []
-    for g in owners:
-        here = list(seen) + ([topo(g)] if topo(g) not in seen else [])
-        paths[g] = tuple(here)
-        seen = here
-    first_topo = topo(first_gen)
-    base = refs.get(first_topo) or next(iter(refs.values()))
-    last = max(run)
-    gaps = sorted(s for s in base if s not in run and s <= last)
-    tail = sorted(s for s in base if s > last)
+    def __init__(self, history: History, refs: dict[Topology, dict[int, float]],
+                 run: dict[int, tuple[Occurrence, float]], deterministic: bool | None) -> None:
+        self.history, self.refs, self.run = history, refs, run
+        self.gens = history.generations
+        self.first_gen = min(self.gens) if self.gens else min(occ.gen for occ, _ in run.values())
+        self.owners = sorted({occ.gen for occ, _ in run.values()})
+        self.paths: dict[int, tuple[Topology, ...]] = {}
+        seen: list[Topology] = []
+        for g in self.owners:
+            here = list(seen) + ([self.topo(g)] if self.topo(g) not in seen else [])
+            self.paths[g] = tuple(here)
+            seen = here
+        self.first_topo = self.topo(self.first_gen)
+        self.agreements: dict[frozenset[Topology], Agreement] = {}
 
-    # Generation 0 before its first fault is a repeat of the clean run at its topology.
-    fault_steps = [f.step for f in history.faults_fired()]
-    if history.scenario is not None:
-        fault_steps += [int(f["step"]) for f in history.scenario.schedule.get("faults", [])
-                        if isinstance(f.get("step"), int)]
-    first_fault = min(fault_steps, default=math.inf)
-    first_ref = refs.get(first_topo, {})
-    window = {s: abs(loss - first_ref[s]) for s, (occ, loss) in run.items()
-              if occ.gen == first_gen and s < first_fault and s in first_ref}
-    measured_exact = all(d <= ROUNDING_FLOOR * abs(first_ref[s]) for s, d in window.items())
-    if window:
-        exact = measured_exact
-    elif deterministic is not None:
-        exact = deterministic
-    else:
-        exact = (history.scenario.backend if history.scenario else "gloo") == "gloo"
-    window_steps = sorted(window)
-    window_running: list[float] = []
-    for s in window_steps:
-        window_running.append(max(window_running[-1] if window_running else 0.0, window[s]))
+        # Generation 0 before its first fault is a repeat of the clean run at its topology.
+        fault_steps = [f.step for f in history.faults_fired()]
+        if history.scenario is not None:
+            fault_steps += [int(f["step"]) for f in history.scenario.schedule.get("faults", [])
+                            if isinstance(f.get("step"), int)]
+        first_fault = min(fault_steps, default=math.inf)
+        first_ref = refs.get(self.first_topo, {})
+        self.window = {s: abs(loss - first_ref[s]) for s, (occ, loss) in run.items()
+                       if occ.gen == self.first_gen and s < first_fault and s in first_ref}
+        if self.window:
+            self.exact = all(d <= ROUNDING_FLOOR * abs(first_ref[s])
+                             for s, d in self.window.items())
+        elif deterministic is not None:
+            self.exact = deterministic
+        else:
+            self.exact = (history.scenario.backend if history.scenario else "gloo") == "gloo"
+        self._window_steps = sorted(self.window)
+        self._window_running: list[float] = []
+        for s in self._window_steps:
+            self._window_running.append(max(self._window_running[-1] if self._window_running
+                                            else 0.0, self.window[s]))
 
-    agreements: dict[frozenset[Topology], Agreement] = {}
+    def topo(self, gen: int) -> Topology:
+        if gen in self.gens and self.gens[gen].roles:
+            return tuple(self.gens[gen].roles)
+        return next(iter(self.refs))  # a history without generation records: its only reference
 
-    def pair(a: Topology, b: Topology) -> Agreement:
+    def pair(self, a: Topology, b: Topology) -> Agreement:
         key = frozenset((a, b))
-        if key not in agreements:
-            agreements[key] = agreement(a, refs[a], b, refs[b])
-        return agreements[key]
+        if key not in self.agreements:
+            self.agreements[key] = agreement(a, self.refs[a], b, self.refs[b])
+        return self.agreements[key]
 
-    rows: list[_Row] = []
-    for s in sorted(run):
-        occ, loss = run[s]
-        t = topo(occ.gen)
-        path = paths[occ.gen]
-        ref = refs.get(t, {}).get(s)
-        if ref is None or any(p not in refs for p in path):
-            rows.append(_Row(s, occ, loss, ref, t, math.inf, "unknown", "noref"))
-            continue
+    def resume_of(self, occ: Occurrence) -> int | None:
+        gen = self.gens.get(occ.gen)
+        return gen.resume_step if gen and occ.gen != self.first_gen else None
+
+    def row(self, s: int) -> _Row:
+        """Step ``s`` against the clean run at its topology, in the regime its path puts it."""
+        occ, loss = self.run[s]
+        t = self.topo(occ.gen)
+        path = self.paths[occ.gen]
+        ref = self.refs.get(t, {}).get(s)
+        if ref is None or any(p not in self.refs for p in path):
+            return _Row(s, occ, loss, ref, t, math.inf, "unknown", "noref")
         rounding = max(ROUNDING_FLOOR * abs(ref), 1e-30)
         dev = abs(loss - ref)
         if len(path) == 1:
-            if exact:
+            if self.exact:
                 tol = max(SAME_SIZE_FLOOR * abs(ref), 1e-30)
-                rows.append(_Row(s, occ, loss, ref, t, tol, "fail" if dev > tol else "ok", "same"))
-                continue
-            if occ.gen == first_gen and s in window:
-                rows.append(_Row(s, occ, loss, ref, t, max(rounding, dev), "ok", "window"))
-                continue
-            i = bisect.bisect_right(window_steps, s)
-            noise = window_running[i - 1] if i else 0.0
+                return _Row(s, occ, loss, ref, t, tol, "fail" if dev > tol else "ok", "same")
+            if occ.gen == self.first_gen and s in self.window:
+                return _Row(s, occ, loss, ref, t, max(rounding, dev), "ok", "window")
+            i = bisect.bisect_right(self._window_steps, s)
+            noise = self._window_running[i - 1] if i else 0.0
             tol = max(SAME_SIZE_FLOOR * abs(ref), SPREAD_FACTOR * noise)
-            rows.append(_Row(s, occ, loss, ref, t, tol, "unknown" if dev > tol else "ok",
-                             "nondeterministic"))
-            continue
-        pairs = [pair(a, b) for a, b in combinations(path, 2)]
+            return _Row(s, occ, loss, ref, t, tol, "unknown" if dev > tol else "ok",
+                        "nondeterministic")
+        pairs = [self.pair(a, b) for a, b in combinations(path, 2)]
         floor = max([rounding] + [p.floor_at(s) for p in pairs])
         tol = SPREAD_FACTOR * floor
         split = next((p for p in sorted(pairs, key=lambda p: p.diverged_at or 0)
                       if not p.agrees_at(s)), None)
         if dev <= tol:
-            rows.append(_Row(s, occ, loss, ref, t, tol, "ok", "cross", split))
-        elif split is None:
-            rows.append(_Row(s, occ, loss, ref, t, tol, "fail", "cross"))
-        else:
-            rows.append(_Row(s, occ, loss, ref, t, tol, "unknown", "diverged", split))
+            return _Row(s, occ, loss, ref, t, tol, "ok", "cross", split)
+        if split is None:
+            return _Row(s, occ, loss, ref, t, tol, "fail", "cross")
+        return _Row(s, occ, loss, ref, t, tol, "unknown", "diverged", split)
 
-    by_step = {r.step: r for r in rows}
-    jumps: list[_Jump] = []
-    for g in owners[1:]:
-        r = min(s for s, (occ, _) in run.items() if occ.gen == g)
-        earlier = [s for s in run if s < r]
-        if not earlier:
-            continue
-        p = max(earlier)
-        allowed = max(_largest_move(v, r - p) for v in refs.values())
-        # where training depends on the world size, the loss at r may also be as far from the
-        # previous size's as the clean runs at the two sizes are apart there
-        sizes = [pair(a, b) for a, b in combinations(paths[g], 2) if a in refs and b in refs]
-        apart = max([x.spread[r] for x in sizes if r in x.spread] or [0.0])
-        # and by as much as a change of size moves the loss of one state: the clean runs'
-        # difference at their first step, before any update (dropout masks drawn per rank, a
-        # global batch split otherwise), which a resume at another size adds once
-        switch = max([x.spread[min(x.spread)] for x in sizes if x.spread] or [0.0])
-        row = by_step[r]
-        tol = row.tol if math.isfinite(row.tol) else 0.0
-        before, after = run[p][1], run[r][1]
-        if abs(after - before) > allowed + apart + switch + tol:
-            jumps.append(_Jump(r, run[r][0], p, before, after, allowed, apart, switch, tol))
+    def jumps(self, by_step: Mapping[int, _Row]) -> list[_Jump]:
+        """Resume points whose first loss moved further than the clean runs ever did."""
+        jumps: list[_Jump] = []
+        run, refs = self.run, self.refs
+        for g in self.owners[1:]:
+            r = min(s for s, (occ, _) in run.items() if occ.gen == g)
+            earlier = [s for s in run if s < r]
+            if not earlier:
+                continue
+            p = max(earlier)
+            allowed = max(_largest_move(v, r - p) for v in refs.values())
+            # where training depends on the world size, the loss at r may also be as far from the
+            # previous size's as the clean runs at the two sizes are apart there
+            sizes = [self.pair(a, b) for a, b in combinations(self.paths[g], 2)
+                     if a in refs and b in refs]
+            apart = max([x.spread[r] for x in sizes if r in x.spread] or [0.0])
+            # and by as much as a change of size moves the loss of one state: the clean runs'
+            # difference at their first step, before any update (dropout masks drawn per rank, a
+            # global batch split otherwise), which a resume at another size adds once
+            switch = max([x.spread[min(x.spread)] for x in sizes if x.spread] or [0.0])
+            row = by_step[r]
+            tol = row.tol if math.isfinite(row.tol) else 0.0
+            before, after = run[p][1], run[r][1]
+            if abs(after - before) > allowed + apart + switch + tol:
+                jumps.append(_Jump(r, run[r][0], p, before, after, allowed, apart, switch, tol))
+        return jumps
 
-    details: dict[str, Any] = {
-        "factor": SPREAD_FACTOR, "compared": sum(r.ref is not None for r in rows),
-        "missing": gaps, "not_reached": tail,
-        "deviations": {r.step: r.loss - r.ref for r in rows if r.ref is not None},
-        "tolerances": {r.step: r.tol for r in rows if math.isfinite(r.tol)},
-        "regimes": {r.step: r.why for r in rows},
-        "references": [topology_name(t) for t in refs],
-        "deterministic": exact, "jumps": [j.step for j in jumps],
-        "divergence": {f"{topology_name(a.a)} vs {topology_name(a.b)}": a.diverged_at
-                       for a in agreements.values()}}
-
-    def dev_text(r: _Row) -> str:
+    def dev_text(self, r: _Row) -> str:
         return (f"{r.loss:.6g} vs {r.ref:.6g} in the clean run at {topology_name(r.topology)} (off "
                 f"by {r.dev:.3g}, {r.units:.3g}x the tolerance)")
 
-    def tol_text(r: _Row) -> str:
+    def tol_text(self, r: _Row) -> str:
         if r.why == "same":
             return (f"the run never left {topology_name(r.topology)} before this step, so it must "
                     f"match that clean run bit for bit (tolerance {SAME_SIZE_FLOOR:g}*|loss|, "
                     "ten float32 roundings)")
-        names = " and ".join(topology_name(t) for t in paths[r.occ.gen])
+        names = " and ".join(topology_name(t) for t in self.paths[r.occ.gen])
         return (f"the run passed through {names}: tolerance {SPREAD_FACTOR:g}x the largest "
                 f"difference between those clean runs up to step {r.step} ({r.tol / SPREAD_FACTOR:.3g})")
 
-    def resume_of(occ: Occurrence) -> int | None:
-        gen = gens.get(occ.gen)
-        return gen.resume_step if gen and occ.gen != first_gen else None
-
-    failing = [r for r in rows if r.status == "fail"]
-    if failing or jumps:
+    def failed(self, failing: list[_Row], jumps: list[_Jump], details: dict[str, Any]) -> Verdict:
+        """The first failing step or resume jump, whichever came first, with the worst one."""
         first_row = failing[0] if failing else None
         first_jump = jumps[0] if jumps else None
         if first_jump is not None and (first_row is None or first_jump.step < first_row.step):
             j = first_jump
             s, occ = j.step, j.occ
             text = (f"loss jumps at resume point step {s} (generation {occ.gen}, "
-                    f"{topology_name(topo(occ.gen))}): from {j.before:.6g} at step {j.prev} to "
-                    f"{j.after:.6g}, a move of {abs(j.after - j.before):.3g}; the clean runs never "
-                    f"moved more than {j.allowed:.3g} in {j.step - j.prev} "
+                    f"{topology_name(self.topo(occ.gen))}): from {j.before:.6g} at step {j.prev} "
+                    f"to {j.after:.6g}, a move of {abs(j.after - j.before):.3g}; the clean runs "
+                    f"never moved more than {j.allowed:.3g} in {j.step - j.prev} "
                     f"step{'s' if j.step - j.prev != 1 else ''}"
                     + (f", and are {j.apart:.3g} apart at this step across world sizes "
                        f"({j.switch:.3g} before any update)" if j.apart or j.switch else "")
@@ -415,20 +447,22 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
             assert first_row is not None
             row = first_row
             s, occ = row.step, row.occ
-            resume = resume_of(occ)
+            resume = self.resume_of(occ)
             if resume == s:
-                text = f"loss spike at resume point step {s} (generation {occ.gen}): {dev_text(row)}"
+                text = (f"loss spike at resume point step {s} (generation {occ.gen}): "
+                        f"{self.dev_text(row)}")
             elif resume is not None:
                 text = (f"loss departs from the reference at step {s} (generation {occ.gen}, "
                         f"{s - resume} step{'s' if s - resume != 1 else ''} after the resume at "
-                        f"step {resume}): {dev_text(row)}")
+                        f"step {resume}): {self.dev_text(row)}")
             else:
                 text = (f"loss departs from the reference at step {s} (generation {occ.gen}): "
-                        f"{dev_text(row)}")
+                        f"{self.dev_text(row)}")
             worst = max(failing, key=lambda x: (x.units, -x.step))
             if worst.step != s:
-                text += f"; worst at step {worst.step} (generation {worst.occ.gen}): {dev_text(worst)}"
-            text += (f" ({tol_text(row)})" + ("" if resume is None else
+                text += (f"; worst at step {worst.step} (generation {worst.occ.gen}): "
+                         f"{self.dev_text(worst)}")
+            text += (f" ({self.tol_text(row)})" + ("" if resume is None else
                      "; a resumed state that differs from the saved one (optimizer moments, LR "
                      "schedule, data position or RNG) does this: see state_equivalence"))
             if jumps:
@@ -436,16 +470,11 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
                 text += (f"; the loss {'also ' if j.step != s else ''}jumps at resume point step "
                          f"{j.step} by {abs(j.after - j.before):.3g}, more than the clean runs "
                          f"ever moved in a step ({j.allowed:.3g})")
-        return Verdict.failed(check, text, step=s, generation=occ.gen,
-                              fault=_fault_before(history, occ.gen), details=details)
-    if gaps:
-        return Verdict.failed(check, f"no loss for kept steps {_ranges(gaps)} although the reference "
-                              f"has them and the run went on to step {last}: they were skipped or "
-                              "their loss was not recorded", step=gaps[0], details=details)
+        return Verdict.failed(CHECK, text, step=s, generation=occ.gen,
+                              fault=_fault_before(self.history, occ.gen), details=details)
 
-    summary = _summary(rows, paths, topo, resume_of, exact, window)
-    unknown = [r for r in rows if r.status == "unknown"]
-    if unknown:
+    def unknown(self, unknown: list[_Row], summary: str, details: dict[str, Any]) -> Verdict:
+        """Why the first steps that cannot be judged cannot be, and what to change."""
         row = unknown[0]
         steps = _ranges(u.step for u in unknown if u.why == row.why)
         if row.why == "diverged":
@@ -454,43 +483,39 @@ def _judge(history: History, *, references: Iterable[History] | Mapping[Any, His
             what = "world size" if len(a.a) != len(a.b) else "topology"
             text = (f"training depends on the {what}: {a.describe()}, so steps {steps} of "
                     f"generations that crossed {what}s cannot be judged against a clean run "
-                    f"(first: step {row.step}, {dev_text(row)}); hold the global batch and the "
-                    "learning rate fixed across world sizes (and draw dropout per sample, not per "
-                    "rank) to make the loss comparable, or rely on state_equivalence (digests of "
-                    "the state loaded after the reshard)")
+                    f"(first: step {row.step}, {self.dev_text(row)}); hold the global batch and "
+                    "the learning rate fixed across world sizes (and draw dropout per sample, not "
+                    "per rank) to make the loss comparable, or rely on state_equivalence (digests "
+                    "of the state loaded after the reshard)")
         elif row.why == "nondeterministic":
-            w = max(window.values(), default=0.0)
+            w = max(self.window.values(), default=0.0)
             text = (f"the workload is not bit-exact at one world size: before any fault, "
-                    f"generation {first_gen} differs from the clean run at "
-                    f"{topology_name(first_topo)} by up to {w:.3g}, and steps {steps} differ "
+                    f"generation {self.first_gen} differs from the clean run at "
+                    f"{topology_name(self.first_topo)} by up to {w:.3g}, and steps {steps} differ "
                     f"from theirs by more than {SPREAD_FACTOR:g}x that (first: step {row.step}, "
-                    f"{dev_text(row)}), which cannot be told from nondeterminism; make training "
-                    "deterministic (torch.use_deterministic_algorithms, a fixed reduction order) "
-                    "or rely on state_equivalence")
+                    f"{self.dev_text(row)}), which cannot be told from nondeterminism; make "
+                    "training deterministic (torch.use_deterministic_algorithms, a fixed reduction "
+                    "order) or rely on state_equivalence")
         else:
             missing = sorted({topology_name(p) for u in unknown if u.why == "noref"
-                              for p in paths[u.occ.gen] + (u.topology,) if p not in refs})
+                              for p in self.paths[u.occ.gen] + (u.topology,) if p not in self.refs})
             text = (f"no clean run at {', '.join(missing) or topology_name(row.topology)} to judge "
                     f"steps {steps} against: pass the clean run at every topology the run used")
-        return Verdict.unknown(check, f"{text}; {summary}", step=row.step, generation=row.occ.gen,
+        return Verdict.unknown(CHECK, f"{text}; {summary}", step=row.step, generation=row.occ.gen,
                                details=details)
-    if tail:
-        return Verdict.unknown(check, f"the run stopped at step {last}: steps {_ranges(tail)} were "
-                               f"never compared; {summary}", step=last + 1, details=details)
-    return Verdict.passed(check, summary, details=details)
 
 
-def _summary(rows: list[_Row], paths: Mapping[int, tuple[Topology, ...]], topo: Any,
-             resume_of: Any, exact: bool, window: Mapping[int, float]) -> str:
+def _summary(rows: list[_Row], case: _Case) -> str:
     """Per generation: what it was judged against and how close it came."""
+    paths, exact, window = case.paths, case.exact, case.window
     parts = []
     for g in sorted(paths):
         mine = [r for r in rows if r.occ.gen == g and r.status == "ok"]
         if not mine:
             continue
         steps = _ranges(r.step for r in mine)
-        where = f"generation {g} ({topology_name(topo(g))}, steps {steps}"
-        resume = resume_of(mine[0].occ)
+        where = f"generation {g} ({topology_name(case.topo(g))}, steps {steps}"
+        resume = case.resume_of(mine[0].occ)
         if resume is not None:
             came = " after " + " and ".join(topology_name(t) for t in paths[g][:-1]) \
                 if len(paths[g]) > 1 else ""
@@ -519,7 +544,7 @@ def _summary(rows: list[_Row], paths: Mapping[int, tuple[Topology, ...]], topo: 
     return "; ".join(parts) if parts else "no step compared"
 
 
-@register("loss_continuity", column="loss", assertion="assert_loss_continuous",
+@register(CHECK, column="loss", assertion="assert_loss_continuous",
           description="each kept step's loss matches the clean run at its own topology: bit for "
                       "bit at one size, within 10x the clean runs' per-step spread across sizes "
                       "(unknown where training depends on the size); no jump at a resume")
@@ -540,7 +565,7 @@ def _check(ctx: CheckContext) -> Verdict:
     for t in topologies:
         clean = ctx.clean_reference(list(t))
         if clean.broken:
-            return Verdict.unknown("loss_continuity", clean.broken)
+            return Verdict.unknown(CHECK, clean.broken)
         if clean.history is None:
             return loss_continuity(history)   # no clean runs to be had: unknown, with the reason
         references[t] = clean.history
