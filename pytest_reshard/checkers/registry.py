@@ -23,8 +23,9 @@ import inspect
 import keyword
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeVar
 
+from pytest_reshard.contract import Damaged
 from pytest_reshard.verdict import Verdict
 
 if TYPE_CHECKING:  # the context is only an annotation here: it imports the checkers it runs
@@ -95,6 +96,8 @@ class Checker:
             return self._stamp(ctx, self._broken("deciding whether it applies raised", e))
         if not applies:
             return None
+        if ctx.history.damaged:
+            return self._stamp(ctx, _not_judged(self.name, ctx.history.damaged))
         try:
             v = self.fn(ctx)
         except Exception as e:  # noqa: BLE001 - reported as the verdict
@@ -118,6 +121,16 @@ class Checker:
             details={"exception": type(e).__name__, "error": str(e),
                      "traceback": "".join(traceback.format_exception(type(e), e,
                                                                      e.__traceback__))})
+
+
+def _not_judged(name: str, damaged: Sequence[Damaged]) -> Verdict:
+    first = damaged[0]
+    more = f" (and {len(damaged) - 1} more line{'s' * (len(damaged) > 2)})" if len(damaged) > 1 else ""
+    return Verdict.unknown(
+        name, f"not judged: the run's history is damaged at {first.file}:{first.line}: "
+        f"{first.why}{more}; an event file changed after the harness wrote it (a full or failing "
+        "disk, another process writing into the run folder); rerun on a healthy file system",
+        details={"damaged": [dataclasses.asdict(d) for d in damaged]})
 
 
 class RegistrationError(ValueError):

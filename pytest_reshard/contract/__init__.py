@@ -5,7 +5,10 @@ Three things cross process boundaries, so each is spelled out once, here:
 - **the environment** the launcher gives a rank (``Env``);
 - **the run folder**: where the plan, the events, the heartbeats, the logs and the workload's own
   files live (``RunDir``);
-- **the events**: one JSON object per line, ``{"ev": NAME, "t": seconds, ...}``. A rank writes
+- **the events**: one JSON object per line, ``{"ev": NAME, "t": seconds, ..., "#": CRC}``, the
+  last member a CRC-32 of the line without it (``encode_event``, ``decode_event``), so that a line
+  changed after it was written (a flipped bit, a partial write on a full disk, another writer) is
+  reported rather than judged. A rank writes
   ``events/g{gen}-r{rank}.jsonl`` and every rank event carries ``gen`` and ``rank``; the supervisor
   writes ``events/supervisor.jsonl``. ``Ev`` names them; ``RANK_EVENTS``, ``STEP_EVENTS`` and
   ``SUPERVISOR_EVENTS`` say which file holds them and which need a ``step``.
@@ -19,13 +22,15 @@ import enum
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS",
            "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "HUB_PROTOCOL", "Torn", "read_jsonl", "write_json", "encode_event", "name_of"]
+           "RANK_FILE", "HUB_PROTOCOL", "Torn", "Damaged", "read_jsonl", "write_json", "encode_event",
+           "seal", "decode_event", "name_of"]
 
 
 class Env:
@@ -297,35 +302,91 @@ def write_json(path: Path, data: Any, *, indent: int | None = None) -> None:
     os.replace(tmp, path)
 
 
+#: An event line's last member: the CRC-32 (8 hex digits) of the line without it, under a name no
+#: event field or user metric takes.
+CHECKSUM = "#"
+_SEAL = b',"#":"'
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A line that is not what its writer wrote (bad JSON, a checksum that does not match, a
+    missing field): its events are not trusted, so nothing is judged on the run."""
+
+    file: str
+    line: int
+    why: str
+
+
+def seal(body: str) -> bytes:
+    """A compact JSON object's line, its checksum appended as the last member, and a newline."""
+    raw = body.encode()
+    return b"%s%s%08x\"}\n" % (raw[:-1], _SEAL if len(raw) > 2 else _SEAL[1:], zlib.crc32(raw))
+
+
 def encode_event(fields: Mapping[str, Any]) -> bytes:
     """One event as the line every writer appends (the probe, the supervisor, the hub): compact
-    JSON and a newline, for a single ``os.write`` on an ``O_APPEND`` file (a SIGKILL tears at most
+    JSON, sealed, for a single ``os.write`` on an ``O_APPEND`` file (a SIGKILL tears at most
     this line, which ``read_jsonl`` tolerates)."""
-    return (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+    return seal(json.dumps({k: v for k, v in fields.items() if k != CHECKSUM},
+                           separators=(",", ":")))
 
 
-def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn]]:
-    """``(line number, event)`` pairs of a finished file, and its torn last line if any.
+def decode_event(raw: bytes) -> dict[str, Any]:
+    """The event of one line, its checksum checked and removed; ``ValueError`` says what is wrong.
+    A line without a checksum (written by hand) is taken as it is."""
+    raw = raw.strip()
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object per line, got {type(obj).__name__}")
+    crc = obj.pop(CHECKSUM, None)
+    if crc is not None:
+        at = raw.rfind(_SEAL)
+        body = raw[:at] + b"}" if at > 0 else b"{}"
+        if not isinstance(crc, str) or crc != f"{zlib.crc32(body):08x}":
+            raise ValueError("its checksum does not match: the line changed after it was written")
+    return obj
+
+
+def _parses(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def read_jsonl(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[Torn], list[Damaged]]:
+    """``(line number, event)`` pairs of a finished file, its torn last line if any, and its
+    damaged lines.
 
     Only the last line may be torn (one ``os.write`` per event, so a SIGKILL tears at most the
-    line being written); a bad line elsewhere raises ``ValueError`` naming file and line.
+    line being written); a bad line elsewhere, or one without a checksum in a file whose other
+    lines have one, is damaged.
     """
     lines = Path(path).read_bytes().split(b"\n")
     numbered = [(i + 1, raw) for i, raw in enumerate(lines) if raw.strip()]
     events: list[tuple[int, dict[str, Any]]] = []
     torn: list[Torn] = []
+    damaged: list[Damaged] = []
+    sealed: list[bool] = []
     for k, (lineno, raw) in enumerate(numbered):
         try:
-            obj = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            if k == len(numbered) - 1:
+            obj = decode_event(raw)
+        except ValueError as e:
+            if k == len(numbered) - 1 and not _parses(raw):
                 torn.append(Torn(str(path), lineno, raw.decode("utf-8", "replace")[:200]))
-                continue
-            raise ValueError(f"{path}:{lineno}: not valid JSON ({e}); only the last line of a "
-                             "file may be torn (a rank killed mid-write). The file was edited "
-                             "or two writers shared it.") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object per line, got "
-                             f"{type(obj).__name__}")
+            else:
+                damaged.append(Damaged(str(path), lineno, str(e)))
+            continue
+        sealed.append(_SEAL in raw)
         events.append((lineno, obj))
-    return events, torn
+    if any(sealed) and not all(sealed):
+        unsealed = {n for (n, _), was in zip(events, sealed) if not was}
+        damaged += [Damaged(str(path), n, "it has no checksum, unlike the other lines of its "
+                            "file: it was not written by the harness") for n in sorted(unsealed)]
+        events = [(n, e) for n, e in events if n not in unsealed]
+    return events, torn, damaged

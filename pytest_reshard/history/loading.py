@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Ev, RunDir, Torn,
-                                     read_jsonl)
+from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Damaged, Ev,
+                                     RunDir, Torn, read_jsonl)
 from pytest_reshard.history.records import Event
 
 __all__ = ["HistoryError", "load_events", "validate", "is_supervisor"]
@@ -13,9 +13,10 @@ class HistoryError(ValueError):
     """The recorded events cannot be read; the message names the file, line and what to do."""
 
 
-def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], Path]:
+def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], list[Damaged],
+                                                      Path]:
     """The events of ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``) ordered by time, the
-    torn last lines, and the run folder."""
+    torn last lines, the damaged lines (left out), and the run folder."""
     root = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     events_dir = root.events if root.events.is_dir() else root.root
     supervisor_file = root.supervisor_events.name
@@ -28,45 +29,51 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], 
                            "did the run start any rank?")
     events: list[Event] = []
     torn: list[Torn] = []
+    damaged: list[Damaged] = []
     for path in files:
-        try:
-            file_events, file_torn = read_jsonl(path)
-        except ValueError as err:
-            raise HistoryError(str(err)) from None
+        file_events, file_torn, file_damaged = read_jsonl(path)
+        torn += file_torn
+        damaged += file_damaged
         m = RANK_FILE.fullmatch(path.name)
         for lineno, e in file_events:
-            validate(e, f"{path}:{lineno}")
-            if m:   # a rank file: its name says which generation and rank wrote it
-                gen, rank = int(m.group(1)), int(m.group(2))
-                if is_supervisor(e):
-                    raise HistoryError(f"{path}:{lineno}: supervisor event {e['ev']!r} in a "
-                                       "rank's file")
-                if (e["gen"], e["rank"]) != (gen, rank):
-                    raise HistoryError(f"{path}:{lineno}: event of generation {e['gen']} rank "
-                                       f"{e['rank']} in the file of generation {gen} rank {rank}")
-            elif not is_supervisor(e):
-                raise HistoryError(f"{path}:{lineno}: rank event {e['ev']!r} in the "
-                                   "supervisor's file")
+            try:
+                validate(e)
+                if m:   # a rank file: its name says which generation and rank wrote it
+                    _in_rank_file(e, int(m.group(1)), int(m.group(2)))
+                elif not is_supervisor(e):
+                    raise HistoryError(f"rank event {e['ev']!r} in the supervisor's file")
+            except HistoryError as err:
+                damaged.append(Damaged(str(path), lineno, str(err)))
+                continue
             events.append(e)
-        torn.extend(file_torn)
     events.sort(key=lambda e: float(e.get("t", 0.0)))  # stable: file order within equal times
-    return events, torn, root.root
+    return events, torn, damaged, root.root
 
 
-def validate(e: Event, where: str) -> None:
+def _in_rank_file(e: Event, gen: int, rank: int) -> None:
+    if is_supervisor(e):
+        raise HistoryError(f"supervisor event {e['ev']!r} in a rank's file")
+    if (e["gen"], e["rank"]) != (gen, rank):
+        raise HistoryError(f"event of generation {e['gen']} rank {e['rank']} in the file of "
+                           f"generation {gen} rank {rank}")
+
+
+def validate(e: Event) -> None:
     """Raise ``HistoryError`` unless ``e`` carries what its kind needs (``gen``, ``rank``,
-    ``step``)."""
+    ``step``, a numeric ``t``)."""
     ev = e.get("ev")
     if not isinstance(ev, str):
-        raise HistoryError(f"{where}: event has no 'ev' kind: {dict(e)!r}")
+        raise HistoryError(f"event has no 'ev' kind: {dict(e)!r}")
+    if not isinstance(e.get("t", 0.0), (int, float)):
+        raise HistoryError(f"{ev} event's 't' is not a number: {dict(e)!r}")
     if ev not in SUPERVISOR_EVENTS:
         for key in ("gen", "rank"):
             if not isinstance(e.get(key), int):
-                raise HistoryError(f"{where}: {ev} event needs an integer {key!r}: {dict(e)!r}")
+                raise HistoryError(f"{ev} event needs an integer {key!r}: {dict(e)!r}")
         if ev in STEP_EVENTS and not isinstance(e.get("step"), int):
-            raise HistoryError(f"{where}: {ev} event needs an integer 'step': {dict(e)!r}")
+            raise HistoryError(f"{ev} event needs an integer 'step': {dict(e)!r}")
     elif ev in _GEN_EVENTS and not isinstance(e.get("gen"), int):
-        raise HistoryError(f"{where}: supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
+        raise HistoryError(f"supervisor {ev} event needs an integer 'gen': {dict(e)!r}")
 
 
 #: Supervisor events that belong to one generation.

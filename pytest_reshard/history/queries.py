@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from pytest_reshard.contract import Cause, Detected, Ev, MemberAction, RunDir, Torn
-from pytest_reshard.history.loading import is_supervisor, load_events, validate
+from pytest_reshard.contract import Cause, Damaged, Detected, Ev, MemberAction, RunDir, Torn
+from pytest_reshard.history.loading import HistoryError, is_supervisor, load_events, validate
 from pytest_reshard.history.membership import MembershipQueries
 from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
                                             Event, FaultFired, FileEvent, Generation, Note,
@@ -42,16 +42,22 @@ class History(MembershipQueries):
     """The merged, typed events of one run. Build with ``load`` or ``from_events``."""
 
     def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = (),
-                 run_dir: Path | None = None) -> None:
+                 damaged: Sequence[Damaged] = (), run_dir: Path | None = None) -> None:
         self.events: tuple[Event, ...] = tuple(events)
         self.torn: tuple[Torn, ...] = tuple(torn)
+        #: Lines of the run folder's event files that are not what was written (left out): a
+        #: history with any is not judged (every checker says unknown, naming the first).
+        self.damaged: tuple[Damaged, ...] = tuple(damaged)
         #: The run folder it was loaded from (its logs, for messages), None when built in memory.
         self.run_dir = run_dir
         self._ix = _Index()
         self._supervisor: list[Event] = []
         self._ranked: list[tuple[int, Event]] = []
         for i, e in enumerate(self.events):
-            validate(e, f"event #{i}")
+            try:
+                validate(e)
+            except HistoryError as err:
+                raise HistoryError(f"event #{i}: {err}") from None
             if is_supervisor(e):
                 self._supervisor.append(e)
             else:
@@ -76,9 +82,10 @@ class History(MembershipQueries):
 
     @classmethod
     def load(cls, run_dir: "str | Path | RunDir") -> "History":
-        """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines."""
-        events, torn, root = load_events(run_dir)
-        return cls(events, torn=torn, run_dir=root)
+        """Read ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``), tolerating torn last lines
+        and keeping damaged ones out (``damaged``)."""
+        events, torn, damaged, root = load_events(run_dir)
+        return cls(events, torn=torn, damaged=damaged, run_dir=root)
 
     def _index_rank_event(self, e: Event) -> None:
         ix = self._ix

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import HUB_PROTOCOL, Env, Ev, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Env, Ev, RunDir, encode_event, seal
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -282,13 +282,13 @@ class Run:
     def emit(self, ev: Ev, **fields: Any) -> None:
         """Write one event of this rank (the executors' way to record what they did)."""
         fields.update(ev=ev, t=time.time(), gen=self.generation, rank=self.rank)
-        self._write((json.dumps(fields, separators=(",", ":")) + "\n").encode())
+        self._write(encode_event(fields))
 
     def _emit_step(self, head: str, step: int, extra: str = "") -> None:
         """The per-step hot path: the same JSON as ``emit``, without ``json.dumps`` (20 us);
         ``head`` is the event's ready-made start (``_STEP_HEAD_*``)."""
-        self._write(f'{head}{int(step)}{extra},"t":{time.time()!r},'
-                    f'"gen":{self.generation},"rank":{self.rank}}}\n'.encode())
+        self._write(seal(f'{head}{int(step)}{extra},"t":{time.time()!r},'
+                         f'"gen":{self.generation},"rank":{self.rank}}}'))
 
     def resumed(self, step: int, *, source: str = "checkpoint",
                 max_rewind_steps: int | None = None) -> None:
@@ -537,12 +537,12 @@ class Run:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop = True
         if self.active:
-            line = json.dumps({"signal": "SIGTERM", "ev": Ev.SIGNAL, "t": time.time(),
-                               "gen": self.generation, "rank": self.rank}) + "\n"
+            line = encode_event({"signal": "SIGTERM", "ev": Ev.SIGNAL, "t": time.time(),
+                                 "gen": self.generation, "rank": self.rank})
             if self._hub is not None:  # the interrupted code may hold the connection's lock
-                self._hub.send_soon(line.encode())
+                self._hub.send_soon(line)
             else:
-                self._write(line.encode())
+                self._write(line)
         if callable(self._previous_sigterm):
             self._previous_sigterm(signum, frame)
 

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from pytest_reshard.contract import HUB_PROTOCOL, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, RunDir, decode_event, encode_event
 
 __all__ = ["Hub", "NodeView", "CLOCK_SLACK_S"]
 
@@ -183,9 +183,9 @@ class Hub:
             if line.strip():
                 offset = self.offsets.get(conn.key)
                 if offset:  # its node's clock, moved onto ours
-                    event = json.loads(line)
+                    event = decode_event(line)
                     event["t"] = round(float(event["t"]) + offset, 6)
-                    line = json.dumps(event, separators=(",", ":")).encode()
+                    line = encode_event(event)[:-1]
                 os.write(conn.fd, line + b"\n")
         else:
             report = json.loads(line)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import filewatch
-from pytest_reshard.contract import Cause, Env, Ev, name_of, RunDir, write_json
+from pytest_reshard.contract import Cause, Env, Ev, RunDir, encode_event, name_of, write_json
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
@@ -77,7 +77,7 @@ class Supervisor:
     # -- recording -------------------------------------------------------------------------
     def record(self, ev: str, *, t: float | None = None, **fields: Any) -> None:
         fields.update(ev=ev, t=time.time() if t is None else t)
-        self._sup.write(json.dumps(fields) + "\n")
+        self._sup.write(encode_event(fields).decode())
         self._sup.flush()
 
     # -- the run ---------------------------------------------------------------------------

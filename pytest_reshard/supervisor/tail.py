@@ -1,10 +1,9 @@
 """The supervisor's incremental reader of the ranks' event files, while they are written."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pytest_reshard.contract import Ev, name_of, RunDir
+from pytest_reshard.contract import Ev, RunDir, decode_event, name_of
 
 __all__ = ["EventTail"]
 
@@ -38,7 +37,10 @@ class EventTail:
             if rest:
                 self._partial[path] = rest
             for line in lines:
-                ev = json.loads(line)
+                try:
+                    ev = decode_event(line)
+                except ValueError:
+                    continue   # damaged: the history names it, and nothing is judged
                 self.by_rank.setdefault((ev["gen"], ev["rank"]), []).append(ev)
                 self._unseen.append(ev)
 

@@ -75,9 +75,9 @@ def test_a_rank_elsewhere_gets_its_plan_and_reports_over_the_hub_and_its_end_is_
         assert rank.stdout.readline().strip() == "1234"  # the plan came over the wire
         _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the rank end")
         assert rank.wait(timeout=30) == 0
-        events, torn = read_jsonl(hub.dir.rank_events(0, 0))
+        events, torn, damaged = read_jsonl(hub.dir.rank_events(0, 0))
         kinds = [e["ev"] for _, e in events]
-        assert kinds == ["start"] + ["begin", "record", "end"] * 3 and not torn
+        assert kinds == ["start"] + ["begin", "record", "end"] * 3 and not torn and not damaged
         assert abs(hub.beats[(0, 0)] - hub.ended[(0, 0)]) < 1.0  # it beat until it ended
         assert not list(tmp_path.rglob("*.hb"))
         assert not (tmp_path / "elsewhere").exists()

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import pytest
 
 from ..histories import DIGEST, Builder, reshard_run
+from pytest_reshard.checkers import CheckContext, run_all
 from pytest_reshard.history import History, HistoryError, Occurrence
 
 
@@ -33,13 +35,45 @@ def test_torn_last_line_is_tolerated(tmp_path: Path) -> None:
     assert h.committed(0) == {0, 1, 2}
 
 
-def test_bad_middle_line_is_an_error_naming_file_and_line(tmp_path: Path) -> None:
+def test_a_bad_middle_line_is_damage_naming_file_and_line(tmp_path: Path) -> None:
     events = tmp_path / "events"
     events.mkdir()
     good = json.dumps({"ev": "start", "t": 1.0, "gen": 0, "rank": 0, "world_size": 1})
     (events / "g0-r0.jsonl").write_text(good + "\n{not json\n" + good + "\n")
-    with pytest.raises(HistoryError, match=r"g0-r0\.jsonl:2: not valid JSON"):
-        History.load(tmp_path)
+    h = History.load(tmp_path)
+    [d] = h.damaged
+    assert d.file.endswith("g0-r0.jsonl") and d.line == 2 and "not valid JSON" in d.why
+    assert len(h.events) == 2 and not h.torn
+
+
+def test_a_changed_line_fails_its_checksum_and_nothing_is_judged(tmp_path: Path) -> None:
+    """A digit of a sealed line changed (a flipped bit on disk): the line is left out, and every
+    checker says unknown, naming the file and line, instead of judging what is left."""
+    b = Builder(steps=4)
+    b.gen(run=range(4))
+    path = b.write(tmp_path) / "events" / "g0-r1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    assert lines[6].startswith(b'{"ev":"begin",') and b'"step":1,' in lines[6]
+    lines[6] = lines[6].replace(b'"step":1,', b'"step":3,')
+    path.write_bytes(b"".join(lines))
+    h = History.load(tmp_path)
+    assert [(Path(d.file).name, d.line) for d in h.damaged] == [("g0-r1.jsonl", 7)]
+    assert "checksum" in h.damaged[0].why
+    verdicts = run_all(CheckContext(h))
+    assert verdicts and all(v.status == "unknown" for v in verdicts.values()), verdicts
+    assert all("g0-r1.jsonl:7" in v.message and "not judged" in v.message
+               for v in verdicts.values())
+
+
+def test_an_unsealed_line_among_sealed_ones_is_damage(tmp_path: Path) -> None:
+    b = Builder(steps=2)
+    b.gen(run=range(2))
+    path = b.write(tmp_path) / "events" / "g0-r0.jsonl"
+    with open(path, "a") as f:   # another process appends a plausible event, without a seal
+        f.write(json.dumps({"ev": "end", "t": 9.0, "gen": 0, "rank": 0, "step": 1}) + "\n")
+        f.write(path.read_text().splitlines()[0] + "\n")   # so that it is not the last line
+    [d] = History.load(tmp_path).damaged
+    assert "no checksum" in d.why
 
 
 def test_malformed_events_are_errors(tmp_path: Path) -> None:
@@ -336,10 +370,13 @@ def test_signals_exits_notes_and_supervisor_records_are_typed() -> None:
 
 
 def test_one_line_encoder_and_the_run_folders_names(tmp_path: Path) -> None:
-    from pytest_reshard.contract import Ev, RunDir, encode_event, read_jsonl
+    from pytest_reshard.contract import Ev, RunDir, decode_event, encode_event, read_jsonl
 
     line = encode_event({"ev": Ev.BEGIN, "step": 3, "t": 1.5, "gen": 0, "rank": 1})
-    assert line == b'{"ev":"begin","step":3,"t":1.5,"gen":0,"rank":1}\n'
+    body = b'{"ev":"begin","step":3,"t":1.5,"gen":0,"rank":1}'
+    assert line == body[:-1] + b',"#":"%08x"}\n' % zlib.crc32(body)
+    assert decode_event(line) == {"ev": "begin", "step": 3, "t": 1.5, "gen": 0, "rank": 1}
+    assert encode_event(decode_event(line)) == line
     path = tmp_path / "e.jsonl"
     path.write_bytes(line)
     assert read_jsonl(path)[0] == [(1, {"ev": "begin", "step": 3, "t": 1.5, "gen": 0, "rank": 1})]
