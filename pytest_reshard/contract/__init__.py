@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir", "RANK_EVENTS",
-           "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "HUB_PROTOCOL", "Torn", "Damaged", "read_jsonl", "write_json", "encode_event",
-           "seal", "decode_event", "name_of"]
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir",
+           "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL", "Torn",
+           "Damaged", "read_jsonl", "write_json", "encode_event", "seal", "decode_event", "name_of",
+           "lost_writes"]
 
 
 class Env:
@@ -292,6 +292,15 @@ def name_of(event: Mapping[str, Any]) -> Ev | str:
         return Ev(name)
     except ValueError:
         return name
+
+
+def lost_writes(heartbeat: os.stat_result) -> int | None:
+    """The errno of the events a rank could not write (ENOSPC, EROFS, EIO), or None.
+
+    A rank whose events file refuses a write says so through its heartbeat file's access time,
+    set to that errno (a moment in 1970 no real access has): an update of its inode, which a full
+    file system still takes, and that nobody else sets."""
+    return int(heartbeat.st_atime) if 0 < heartbeat.st_atime < 4096 else None
 
 
 def write_json(path: Path, data: Any, *, indent: int | None = None) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import functools
 import hashlib
 import json
@@ -233,6 +234,8 @@ class Run:
         self._ballast: list[Any] = []  # what executors hold (``hold``)
         self._fd = -1
         self._write: Callable[[bytes], Any] = lambda data: None  # one event line, all at once
+        #: The errno of an event the run folder refused (full, read-only), else 0.
+        self.lost = 0
         self._hub: _HubLink | None = None
         self._attached = (max_rewind_steps, role)  # what rejoin attaches the next Run with
         self._beating = threading.Event()           # set: this Run's heartbeat stops
@@ -266,11 +269,11 @@ class Run:
         else:
             self._fd = os.open(run_dir.rank_events(self.generation, self.rank),
                                os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self._write = functools.partial(os.write, self._fd)
+            self._write = self._append
             path = run_dir.heartbeat(self.generation, self.rank)
             path.touch()
             supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
-            beat = functools.partial(_touch, path, supervisor)
+            beat = functools.partial(_touch, path, supervisor, self)
         threading.Thread(target=_beat, args=(beat, self._beating), name="reshard-heartbeat",
                          daemon=True).start()
         self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
@@ -279,6 +282,17 @@ class Run:
             self.watch_files()
 
     # -- recording -------------------------------------------------------------------------
+    def _append(self, line: bytes) -> None:
+        """One event onto the events file. A file system that refuses it (full, read-only) must
+        not end the training it watches: the loss is kept in ``lost`` for the heartbeat to
+        report (``contract.lost_writes``), and the harness stops the run unjudged."""
+        try:
+            if os.write(self._fd, line) == len(line):
+                return
+            self.lost = errno.ENOSPC
+        except OSError as e:
+            self.lost = e.errno or errno.EIO
+
     def emit(self, ev: Ev, **fields: Any) -> None:
         """Write one event of this rank (the executors' way to record what they did)."""
         fields.update(ev=ev, t=time.time(), gen=self.generation, rank=self.rank)
@@ -580,12 +594,13 @@ def _beat(beat: Callable[[], None], stop: threading.Event) -> None:
         beat()
 
 
-def _touch(path: Path, supervisor: int) -> None:
-    """A local heartbeat: the file's mtime; a rank whose supervisor is gone ends itself."""
+def _touch(path: Path, supervisor: int, run: Run) -> None:
+    """A local heartbeat: the file's mtime, and its atime the errno of events it could not write
+    (``contract.lost_writes``); a rank whose supervisor is gone ends itself."""
     if supervisor and not procfs.alive(supervisor):
         os._exit(ORPHAN_EXIT)
     try:
-        os.utime(path)
+        os.utime(path, (run.lost, time.time()) if run.lost else None)
     except OSError:
         pass
 

@@ -19,9 +19,10 @@ import importlib
 from typing import Any
 
 __all__ = ["Scenario", "Supervisor", "Outcome", "default_roles", "expand_roles", "next_roles",
-           "rebalanced"]
+           "rebalanced", "HarnessError"]
 _WHERE = {"Scenario": "scenario", "default_roles": "scenario", "expand_roles": "scenario",
-          "next_roles": "scenario", "Supervisor": "run", "rebalanced": "outcome", "Outcome": "outcome"}
+          "next_roles": "scenario", "Supervisor": "run", "rebalanced": "outcome", "Outcome": "outcome",
+          "HarnessError": "outcome"}
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
-from pytest_reshard.contract import Detected, Ev, name_of
+from pytest_reshard.contract import Detected, Ev, lost_writes, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.outcome import Failure
 
@@ -100,6 +100,18 @@ class RankWatch:
             return os.path.getmtime(self.loop.ctx.run_dir.heartbeat(self.loop.gen, rank))
         except FileNotFoundError:
             return None
+
+    def refused_write(self, codes: dict[int, int | None]) -> tuple[int, int] | None:
+        """``(rank, errno)`` of a rank whose events file refused a write (its heartbeat says so,
+        ``contract.lost_writes``), else None."""
+        for rank in codes:
+            try:
+                lost = lost_writes(os.stat(self.loop.ctx.run_dir.heartbeat(self.loop.gen, rank)))
+            except FileNotFoundError:
+                continue
+            if lost is not None:
+                return rank, lost
+        return None
 
     def stopped(self, codes: dict[int, int | None]) -> int | None:
         """A live rank that does not run: the kernel has held it stopped by a signal (state T,

@@ -1,7 +1,10 @@
 """What one generation's watch produces and holds: its Outcome, the progress Status, the first
-Failure, and the PendingEnd a planned fault or the workload's own request put in motion."""
+Failure, and the PendingEnd a planned fault or the workload's own request put in motion; or the
+HarnessError that ends a run the harness could not watch."""
 from __future__ import annotations
 
+import errno
+import os
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,7 +12,23 @@ from typing import Any
 from pytest_reshard.contract import Cause, Ev, name_of
 from pytest_reshard.schedule import kinds
 
-__all__ = ["Outcome", "Status", "Failure", "PendingEnd", "rebalanced"]
+__all__ = ["Outcome", "Status", "Failure", "PendingEnd", "HarnessError", "REFUSED_WRITE",
+           "rebalanced"]
+
+#: What a file system says when it refuses the run folder's writes.
+REFUSED_WRITE = frozenset({errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO})
+
+
+class HarnessError(RuntimeError):
+    """The harness could not record the run (its run folder refused a write): the run was
+    stopped, every process it started is gone, and there is no verdict on the workload."""
+
+    @classmethod
+    def refused(cls, run_dir: Any, code: int, who: str) -> "HarnessError":
+        return cls(f"pytest-reshard: not judged: {who} could not write into the run folder "
+                   f"{run_dir} ([Errno {code}] {os.strerror(code)}), so the recorded history is "
+                   "incomplete; the run was stopped. Free space on that file system (or make it "
+                   "writable), or point --reshard-artifacts at another one, and run it again.")
 
 
 @dataclass

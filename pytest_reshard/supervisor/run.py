@@ -22,6 +22,7 @@ is interrupted.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -37,6 +38,7 @@ from pytest_reshard.supervisor.policies.in_place import InPlace
 from pytest_reshard.supervisor.policies.membership import Membership
 from pytest_reshard.supervisor.policies.relaunch import Relaunch
 from pytest_reshard.supervisor.scenario import Scenario, next_roles
+from pytest_reshard.supervisor.outcome import REFUSED_WRITE, HarnessError
 from pytest_reshard.supervisor.tail import EventTail
 from pytest_reshard.supervisor.watch import Outcome, Watch, WatchContext
 from pytest_reshard.workloads import resolve
@@ -80,8 +82,25 @@ class Supervisor:
         self._sup.write(encode_event(fields).decode())
         self._sup.flush()
 
+    def _refused(self, e: OSError) -> HarnessError | None:
+        """The harness error of a write the run folder's file system refused, else None."""
+        return HarnessError.refused(self.run_dir, e.errno, "the supervisor") \
+            if e.errno in REFUSED_WRITE else None
+
     # -- the run ---------------------------------------------------------------------------
     def run(self, replay: str = "") -> None:
+        """Run the scenario; ``HarnessError`` when the run folder refused a write, with every
+        process gone and nothing to judge."""
+        try:
+            self._run(replay)
+        except OSError as e:
+            raise (self._refused(e) or e) from e
+        fs = os.statvfs(self.run_dir)   # full or read-only now: a rank's last write may be lost
+        if fs.f_flag & os.ST_RDONLY or (fs.f_blocks and not fs.f_bavail):
+            raise HarnessError.refused(self.run_dir, errno.EROFS if fs.f_flag & os.ST_RDONLY
+                                       else errno.ENOSPC, "a rank or the supervisor")
+
+    def _run(self, replay: str) -> None:
         sc = self.scenario
         deadline = time.monotonic() + sc.timeout_s
         self.record(Ev.SCENARIO, workload=sc.workload, steps=sc.steps, world_size=sc.world_size,

@@ -11,7 +11,8 @@ from pytest_reshard.contract import Cause, Detected, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.detect import RankWatch, ends, record_detection
 from pytest_reshard.supervisor.launch import LiveGeneration
-from pytest_reshard.supervisor.outcome import Failure, Outcome, PendingEnd, Status, rebalanced
+from pytest_reshard.supervisor.outcome import (Failure, HarnessError, Outcome, PendingEnd, Status,
+                                              rebalanced)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.contract import RunDir
@@ -195,6 +196,10 @@ class Watch:
                 if self.failure is None:
                     self._on_exit(rank, exited[rank], codes, now)
             self.ranks.watch_memory(codes)
+            refused = self.ranks.refused_write(codes)
+            if refused is not None:
+                raise HarnessError.refused(self.ctx.run_dir.root, refused[1],
+                                           f"rank {refused[0]} of generation {self.gen}")
             if all(c is not None for c in codes.values()) and policy.on_all_exited(codes):
                 return policy.outcome(codes)
             if self.failure and now - self.failure.at > sc.failure_grace_s:
