@@ -13,8 +13,10 @@ Where namespaces cannot be made (not root, no ``ip``, a kernel without them), ``
 falls back to loopback: every node is 127.0.0.1, and ``Network.note`` says why.
 
 ``close()`` kills every process left in the namespaces and deletes them and the bridge (the veth
-pairs go with them). Each network leaves a state file naming its creator's pid, so the next
-``create`` removes what a creator killed with SIGKILL left behind.
+pairs go with them). A creator killed with SIGKILL cannot: a reaper process, started with the
+network, waits on a pipe only the creator holds and does it when that pipe closes. Each network
+also leaves a state file naming its creator's pid, so the next ``create`` removes what a reaper
+that was itself killed left behind.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +56,7 @@ class Network:
     note: str = ""                # why loopback, when it is
     _links: list[str] = field(default_factory=list)
     _state: Path | None = None
+    _reaper: subprocess.Popen | None = None
 
     def preexec(self, node: int) -> Callable[[], None] | None:
         """A ``preexec_fn`` that moves the child into node ``node``'s namespace (None on
@@ -87,6 +91,10 @@ class Network:
             self._state = None
         self.namespaces = [None] * len(self.namespaces)
         self._links = []
+        if self._reaper is not None:   # its pipe closes with its stdin: it finds nothing to do
+            self._reaper.stdin.close()  # type: ignore[union-attr]  # Popen(stdin=PIPE)
+            self._reaper.wait(timeout=30)
+            self._reaper = None
 
     def __enter__(self) -> Network:
         return self
@@ -156,8 +164,25 @@ def _create_netns(nodes: int) -> Network:
         _remove(names, links)
         state.unlink(missing_ok=True)
         raise
+    # the reaper's stdin is a pipe only this process holds (not inherited: close_fds), in a
+    # session of its own, so that a kill of this process's group spares it
+    reaper = subprocess.Popen([sys.executable, "-c", f"import {__name__} as n; n._reap()",
+                               str(state)], stdin=subprocess.PIPE, start_new_session=True)
     return Network("netns", [f"{SUBNET}.{k}.{i + 2}" for i in range(nodes)], f"{SUBNET}.{k}.1",
-                   IFNAME, list(names), "", links, state)
+                   IFNAME, list(names), "", links, state, reaper)
+
+
+def _reap() -> None:
+    """The reaper: once its stdin closes (its creator closed the network, or died), remove what
+    the state file in ``argv[1]`` still names."""
+    sys.stdin.buffer.read()
+    state = Path(sys.argv[1])
+    try:
+        info = json.loads(state.read_text())
+    except (OSError, ValueError):
+        return   # closed by its creator
+    _remove(info.get("namespaces", []), info.get("links", []))
+    state.unlink(missing_ok=True)
 
 
 def sweep_stale() -> list[str]:
