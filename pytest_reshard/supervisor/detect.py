@@ -55,6 +55,7 @@ class RankWatch:
         self.loop = loop
         self.stopped_since: dict[int, float] = {}  # rank -> when /proc first said T
         self.peaks: dict[int, int] = {}  # rank -> peak RSS bytes seen
+        self.beats: dict[int, tuple[float, float]] = {}  # rank -> (last beat, monotonic when seen)
 
     def faulted(self, ending: kinds.Ending) -> int | None:
         """The rank a fault that ends its victim this way fired on, in this generation."""
@@ -113,6 +114,21 @@ class RankWatch:
                 return rank, lost
         return None
 
+    def silent_for(self, rank: int) -> float | None:
+        """Seconds since the rank's heartbeat last moved, on this machine's monotonic clock: a
+        step of the wall clock (NTP, a VM resumed) moves every beat's time at once, and must not
+        make a live rank look stopped. None before it attached."""
+        beat = self.last_beat(rank)
+        if beat is None:
+            return None
+        mono = time.monotonic()
+        seen = self.beats.get(rank)
+        if seen is None:   # first sight: its age by the wall clock, the only one there is
+            self.beats[rank] = (beat, mono - max(0.0, time.time() - beat))
+        elif seen[0] != beat:
+            self.beats[rank] = (beat, mono)
+        return mono - self.beats[rank][1]
+
     def stopped(self, codes: dict[int, int | None]) -> int | None:
         """A live rank that does not run: the kernel has held it stopped by a signal (state T,
         SIGSTOP) for ``STOP_CONFIRM_S``, or its heartbeat is silent for ``hang_s`` while the
@@ -121,7 +137,7 @@ class RankWatch:
         heartbeat, and a false "stopped" is a false verdict. State T comes only from a signal,
         never from load, so it needs no heartbeat to be believed."""
         loop = self.loop
-        now, mono = time.time(), time.monotonic()
+        mono = time.monotonic()
         hang_s = loop.sc.hang_s
         pids = loop.live.pids()
         for rank, code in codes.items():
@@ -137,10 +153,9 @@ class RankWatch:
                     return rank
             else:
                 self.stopped_since.pop(rank, None)
-            beat = self.last_beat(rank)
-            if beat is None:
+            age = self.silent_for(rank)
+            if age is None:
                 continue  # not attached yet: covered by the startup limit
-            age = now - beat
             if age > hang_s and (state in ("T", "t") or age > max(10 * hang_s, 10.0)):
                 return rank
         return None

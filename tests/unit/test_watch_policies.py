@@ -1,5 +1,5 @@
 """The watch loop's pure parts: the typed pending end and the policies' protocol."""
-from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.contract import Cause, Ev, RunDir
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.outcome import PendingEnd
 from pytest_reshard.supervisor.policies import GenerationPolicy
@@ -40,3 +40,29 @@ def test_every_policy_answers_the_whole_protocol():
     for policy in (Relaunch, InPlace, Membership):
         missing = [h for h in hooks if not callable(getattr(policy, h, None))]
         assert not missing, f"{policy.__name__} lacks {missing}"
+
+
+def test_a_wall_clock_step_does_not_make_a_beating_rank_look_silent(monkeypatch, tmp_path):
+    """The heartbeat's silence is measured on the monotonic clock from when its beat last moved:
+    an hour's step of the wall clock between two beats is not an hour of silence."""
+    from types import SimpleNamespace
+
+    from pytest_reshard.supervisor import detect
+
+    beats = {0: 1000.0}
+    loop = SimpleNamespace(live=SimpleNamespace(last_beat=beats.get), gen=0,
+                           ctx=SimpleNamespace(run_dir=RunDir(tmp_path)))
+    clock = {"wall": 1000.05, "mono": 50.0}
+    monkeypatch.setattr(detect.time, "time", lambda: clock["wall"])
+    monkeypatch.setattr(detect.time, "monotonic", lambda: clock["mono"])
+    ranks = detect.RankWatch(loop)
+    assert abs(ranks.silent_for(0) - 0.05) < 1e-9        # first sight: its wall-clock age
+    clock["wall"] += 3600.0                              # NTP steps the clock an hour ahead
+    clock["mono"] += 0.05
+    assert abs(ranks.silent_for(0) - 0.1) < 1e-9         # not 3600 s
+    beats[0] = clock["wall"]                             # the next beat, on the new clock
+    clock["mono"] += 0.05
+    assert ranks.silent_for(0) == 0.0
+    clock["mono"] += 30.0                                # then it really stops beating
+    assert ranks.silent_for(0) == 30.0
+    assert ranks.silent_for(1) is None                   # never attached
