@@ -1,6 +1,7 @@
 """Helpers the checkers share to word their messages (and find the generation before another)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -66,6 +67,10 @@ def _summarise(messages: list[str]) -> str:
     return f"{messages[0]} (+{len(messages) - 1} more: {tail})"
 
 
+#: How much of a rank's log's end is read for a message (what a rank printed before that is not).
+LOG_TAIL_BYTES = 1 << 20
+
+
 def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) -> str:
     """``; its log, RUN/logs/g0-r1.log, ends: <last lines>`` (the relative path when the run
     folder is not known, nothing more when the log is empty or unreadable)."""
@@ -80,10 +85,14 @@ def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) 
         # raises with [rank<N>]:
         path, mine = shared, lambda line: f"[rank{rank}]:" in line
     try:
-        text = path.read_text(errors="replace")
+        with open(path, "rb") as f:   # a rank flooding its log must not flood the harness
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - LOG_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
     except OSError:
         return f"; its log {path} could not be read"
-    own = [ln.rstrip() for ln in text.splitlines() if ln.strip() and mine(ln)]
+    lines_read = text.splitlines()[1 if size > LOG_TAIL_BYTES else 0:]   # the first is cut
+    own = [ln.rstrip() for ln in lines_read if ln.strip() and mine(ln)]
     if not own:
         return f"; its log {path} is empty"
     tail = own[-lines:]

@@ -603,6 +603,29 @@ def test_a_crashed_ranks_message_quotes_its_last_traceback_above_the_exit_noise(
     assert "traceback" not in _log_tail(tmp_path, 0, 1)
 
 
+def test_a_flooded_log_is_read_from_its_end_only(tmp_path) -> None:
+    """A rank that printed 64 MiB: the message still quotes its traceback and last line, and the
+    harness reads about a MiB of it, not the whole file."""
+    import tracemalloc
+
+    from pytest_reshard.checkers._text import LOG_TAIL_BYTES, _log_tail
+
+    log = tmp_path / "logs" / "g0-r1.log"
+    log.parent.mkdir()
+    with open(log, "w") as f:
+        f.write("x" * 100 + "\n" + ("flood " * 1000 + "\n") * (64 * 1024 * 1024 // 6001))
+        f.write('Traceback (most recent call last):\n  File "t.py", line 3, in <module>\n'
+                "    boom()\nRuntimeError: boom\n" + "".join(f"exit noise {i}\n" for i in range(20)))
+    tracemalloc.start()
+    try:
+        text = _log_tail(tmp_path, 0, 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "RuntimeError: boom" in text and text.endswith("exit noise 19"), text[-300:]
+    assert peak < 8 * LOG_TAIL_BYTES, peak
+
+
 def test_liveness_a_flip_no_generation_read_back_is_unknown_never_a_pass() -> None:
     """A byte flipped at the run's final save lands in a checkpoint nothing resumes from: the
     corruption was never put to the test, so every checker passing says nothing about it."""
