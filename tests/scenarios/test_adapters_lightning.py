@@ -14,6 +14,8 @@ pytest.importorskip("lightning")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import lightning as reshard  # noqa: E402
 
+from ..readme_examples import write  # noqa: E402
+
 SCRIPT = Path(__file__).parent.parent / "workloads" / "lightning_train.py"
 reshard.workload("lightning_train", SCRIPT)
 
@@ -70,3 +72,29 @@ def test_an_epoch_boundary_resume_without_dropout_passes(reshard_run):
     result = reshard_run("lightning_train", faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 4
+
+
+@pytest.fixture(scope="module")
+def readme_example(tmp_path_factory):
+    """The README's Lightning example, unchanged, as workload ``readme_lightning``."""
+    reshard.workload("readme_lightning", write("Lightning", tmp_path_factory.mktemp("readme"),
+                                               "readme_lightning.py"))
+    return "readme_lightning"
+
+
+def test_a_planned_stop_mid_epoch_resumes_from_the_callbacks_save(reshard_run, readme_example):
+    """The README's setup, ``ModelCheckpoint(save_last=True, every_n_epochs=1)``, and a shift at
+    step 5 (batch 1 of epoch 1): the callback saves ``last-stop.ckpt`` and sets
+    ``should_stop``; Lightning then ends the epoch, and the ModelCheckpoint writes ``last.ckpt``
+    at ``on_train_epoch_end`` with the epoch counted as done. ``ckpt_path="last"`` takes the
+    newest ``last*.ckpt``: without the fix, ``last.ckpt``, and the next generation finds
+    ``max_epochs`` reached and trains nothing (steps 6 and 7 lost). The resume must be the
+    callback's save, at step 6."""
+    result = reshard_run(readme_example, faults=[chaos.shift_shards(to_world_size=1, at_step=5)])
+    result.assert_liveness()
+    result.assert_no_rewind()
+    loads = [c for c in result.history.checkpoints("load") if c.gen == 1]
+    assert loads and all(c.step == 5 and str(c.info.get("path")).endswith("last-stop.ckpt") for c in loads), loads
+    assert result.history.generations[1].resume_step == 6
+    # what is left is Lightning's own mid-epoch bug (a plain DataLoader restarts its epoch)
+    assert "consumed twice" in _failed(result, "exactly_once_samples")
