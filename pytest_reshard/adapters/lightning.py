@@ -4,8 +4,16 @@
 
     trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=world, max_steps=steps,
                         callbacks=[reshard.ReshardCallback(sample_ids="sample_id"),
-                                   ModelCheckpoint(dirpath=ckpt_dir, save_last=True, ...)])
+                                   ModelCheckpoint(dirpath=reshard.output_dir("ckpt"),
+                                                   save_last=True, ...)])
     trainer.fit(model, loader, ckpt_path="last")
+
+``output_dir("ckpt")`` is ``"ckpt"`` outside the harness and the run's work folder under it (it
+outlives a generation; the clean reference run, started with the same command line, has its
+own). The callback cannot move the folder itself: ``Trainer.fit`` resolves ``ckpt_path="last"``
+(``_CheckpointConnector._select_ckpt_path``) before it calls any callback hook, so a folder
+moved at ``setup`` would take the saves but not the resume. Under the harness it refuses, at
+``setup``, a ``ModelCheckpoint`` that saves outside the work folder, saying this.
 
 What it records, and where (public ``Callback`` hooks; two public methods wrapped on the
 instance at ``setup``):
@@ -54,7 +62,8 @@ from pytest_reshard import probe
 from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
 
 # F822: ReshardCallback is built on first access (__getattr__), so importing this needs no lightning
-__all__ = ["ReshardCallback", "workload", "SUPPORTED", "TESTED", "PRELOAD"]  # noqa: F822
+__all__ = ["ReshardCallback", "workload", "output_dir", "SUPPORTED", "TESTED",  # noqa: F822
+           "PRELOAD"]
 
 SUPPORTED = ("2.4", "3.0")
 TESTED = "2.6.6"
@@ -71,6 +80,13 @@ def workload(name: str, script: str | Path, *, preload: Sequence[str] = (),
 
     return register(WorkloadSpec(name, script=str(script), preload=(*PRELOAD, *preload), **spec),
                     replace=replace)
+
+
+def output_dir(default: str | os.PathLike) -> str:
+    """The folder to give ``ModelCheckpoint(dirpath=...)``: the run's work folder under the
+    harness (every generation's, and this run's alone), ``default`` outside it."""
+    work = probe.attach().workdir
+    return str(work if work is not None else default)
 
 
 def __getattr__(name: str) -> Any:
@@ -162,6 +178,7 @@ def _make(pl: Any) -> type:
                 raise NotImplementedError("pytest_reshard.adapters.lightning records one step "
                                           "per batch: use accumulate_grad_batches=1")
             self.wrapped = True
+            self.check_folders(trainer)
             save, strategy_save = trainer.save_checkpoint, trainer.strategy.save_checkpoint
 
             def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
@@ -180,6 +197,30 @@ def _make(pl: Any) -> type:
 
             trainer.save_checkpoint = save_checkpoint
             trainer.strategy.save_checkpoint = strategy_save_checkpoint
+
+        def check_folders(self, trainer: Any) -> None:
+            """Under the harness every ModelCheckpoint must save into the run's work folder: any
+            other is shared with the clean reference run (the same command line) and earlier
+            runs, whose last.ckpt a resume would then take."""
+            work = self.run.workdir
+            if work is None:
+                return
+            root = Path(work).resolve()
+            for c in trainer.checkpoint_callbacks:
+                if not isinstance(c, ModelCheckpoint):
+                    continue
+                d = Path(c.dirpath).resolve() if c.dirpath else None
+                if d is None or not (d == root or root in d.parents):
+                    where = str(c.dirpath) if c.dirpath else "the Trainer's default_root_dir"
+                    raise RuntimeError(
+                        f"pytest_reshard.adapters.lightning: ModelCheckpoint saves to {where}, "
+                        f"outside this run's work folder {work}: the clean reference run (started "
+                        f"with the same command line) and earlier runs save there too, and "
+                        f"ckpt_path='last' would resume from their files. Lightning resolves "
+                        f"ckpt_path='last' in Trainer.fit before any callback runs, so the "
+                        f"callback cannot move it: pass ModelCheckpoint(dirpath=reshard."
+                        f"output_dir({str(c.dirpath or 'checkpoints')!r}), ...) (that folder "
+                        f"outside the harness, the work folder under it)")
 
         # -- digests -----------------------------------------------------------------------
         def global_batch(self, trainer: Any, batch: Any = None) -> int:

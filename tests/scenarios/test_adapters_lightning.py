@@ -98,3 +98,18 @@ def test_a_planned_stop_mid_epoch_resumes_from_the_callbacks_save(reshard_run, r
     assert result.history.generations[1].resume_step == 6
     # what is left is Lightning's own mid-epoch bug (a plain DataLoader restarts its epoch)
     assert "consumed twice" in _failed(result, "exactly_once_samples")
+
+
+def test_a_checkpoint_folder_outside_the_work_folder_is_refused_saying_what_to_pass(
+        reshard_run, tmp_path, monkeypatch):
+    """``ModelCheckpoint(dirpath="lightning-out")`` under the harness would share its files with
+    the clean reference run, and the callback cannot move it (``ckpt_path="last"`` is resolved
+    before any callback hook): it refuses at ``setup``, naming ``reshard.output_dir``."""
+    monkeypatch.chdir(tmp_path)
+    result = reshard_run("lightning_train", args=["--ckpt-dir", "lightning-out"], steps=4,
+                         faults=[chaos.kill(rank=1, at_step=2, phase="backward")])
+    assert result.verdicts["liveness"].status == "fail"
+    log = (Path(result.run_dir) / "logs" / "g0-r0.log").read_text()
+    folder = tmp_path.resolve() / "lightning-out"    # ModelCheckpoint makes its dirpath absolute
+    assert f"ModelCheckpoint saves to {folder}, outside this run's work folder" in log and \
+        f"dirpath=reshard.output_dir('{folder}')" in log, log[-3000:]
