@@ -74,6 +74,22 @@ def test_an_epoch_boundary_resume_without_dropout_passes(reshard_run):
     assert result.history.generations[1].resume_step == 4
 
 
+def test_a_planned_stop_before_any_save_of_the_generation_resumes_from_the_callbacks_save(
+        reshard_run):
+    """The other path: a checkpoint every 3 steps and a shift after step 1, before the
+    ModelCheckpoint saved anything in this generation: its ``on_train_end`` writes ``last.ckpt``
+    (``save_last`` and nothing saved yet), after the callback's ``last-stop.ckpt``. The resume
+    must still be the callback's save, at step 2 (the rest is Lightning's plain-DataLoader
+    restart of the epoch, asserted by the first test)."""
+    result = reshard_run("lightning_train", args=["--every-n-train-steps", "3"],
+                         faults=[chaos.shift_shards(to_world_size=1, at_step=1)])
+    loads = [c for c in result.history.checkpoints("load") if c.gen == 1]
+    assert loads and all(c.step == 1 and str(c.info.get("path")).endswith("last-stop.ckpt")
+                         for c in loads), loads
+    assert result.history.generations[1].resume_step == 2
+    result.assert_no_rewind()
+
+
 @pytest.fixture(scope="module")
 def readme_example(tmp_path_factory):
     """The README's Lightning example, unchanged, as workload ``readme_lightning``."""
