@@ -61,3 +61,12 @@ def test_the_readme_example_resumes_from_the_last_complete_save_after_a_kill(res
                          faults=[chaos.kill_during_save(at_step=5, boundary="start", rank=1)])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 3
+
+
+def test_the_readme_example_resumes_inside_its_second_epoch(reshard_run, readme_example):
+    """12 steps of an 8-batch loader: a shift 2 -> 1 after step 9 resumes at step 10, the second
+    batch of epoch 1 (``set_epoch(1)``, two batches skipped); each sample once per epoch."""
+    result = reshard_run(readme_example, steps=12,
+                         faults=[chaos.shift_shards(to_world_size=1, at_step=9)])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 10
