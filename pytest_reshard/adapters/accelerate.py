@@ -1,10 +1,25 @@
-"""A training loop of your own on Accelerate, with ``save_state`` / ``load_state``:
+"""A training loop of your own on Accelerate, with ``save_state`` / ``load_state``; the loop's
+own ``for`` line is the one that changes:
 
     from pytest_reshard.adapters import accelerate as reshard
 
     accelerator = Accelerator(cpu=True)
-    run = reshard.instrument(accelerator, sample_ids="sample_id", save_every=3)  # before prepare
+    run = reshard.instrument(accelerator, sample_ids="sample_id", save_every=3,
+                             output_dir="accelerate-out")   # before prepare
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
+    for step, batch in run.steps(loader, steps):   # was: for step, batch in enumerate(loader)
+        loss = model(batch)
+        accelerator.backward(loss)                 # the loss recorded is what reaches backward
+        opt.step(); sched.step(); opt.zero_grad()
+
+``run.steps`` resumes from the newest complete save (``load_state``), skips the batches that
+save had consumed, records each step (samples, loss, fault points), saves every ``save_every``
+steps and at a planned stop, ends the loop there, and records the clean exit. Under the harness
+the saves go to ``run.workdir`` whatever ``output_dir`` says (a log line says so), so the clean
+reference run, which gets the same command line, never shares them.
+
+The same, one call at a time (a loop that cannot hand its batches over):
+
     start = run.resume(ckpt_root)              # load_state of the newest complete save: first step
     batches = iter(accelerator.skip_first_batches(loader, start % len(loader)))
     for step in range(start, steps):
@@ -37,6 +52,7 @@ What ``instrument`` does (public Accelerate API only; tested with accelerate 1.1
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -45,6 +61,9 @@ from pytest_reshard import probe
 from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
 
 __all__ = ["instrument", "workload", "AccelerateRun", "SUPPORTED", "TESTED", "PRELOAD", "MARKER"]
+
+#: Where ``run.steps`` saves outside the harness when ``instrument`` is given no ``output_dir``.
+DEFAULT_OUTPUT = "reshard-checkpoints"
 
 SUPPORTED = ("1.0", "2.0")
 TESTED = "1.15.0"
@@ -76,15 +95,25 @@ class _Counter:
         self.step = int(state["step"])
 
 
+def _value(loss: Any) -> float:
+    return float(loss.detach().float().sum().item()) if hasattr(loss, "detach") else float(loss)
+
+
 class _Step:
     def __init__(self, s: probe.Step) -> None:
         self.probe = s
         self.loss_sum = 0.0
+        self.explicit = False       # s.loss was called: what backward saw no longer counts
+        self.backward_sum = 0.0
 
     def loss(self, loss: Any) -> None:
         """This rank's loss of the step (summed if called per micro-batch)."""
-        self.loss_sum += float(loss.detach().float().sum().item()) if hasattr(loss, "detach") \
-            else float(loss)
+        self.explicit = True
+        self.loss_sum += _value(loss)
+
+    @property
+    def value(self) -> float:
+        return self.loss_sum if self.explicit else self.backward_sum
 
     def point(self, phase: str) -> None:
         self.probe.point(phase)
@@ -94,7 +123,8 @@ class AccelerateRun:
     """What ``instrument`` returns: the loop's few calls, and the wrapped Accelerator."""
 
     def __init__(self, accelerator: Any, sample_ids: str | int | Callable[[Any], Any] | None,
-                 save_every: int | None, max_rewind_steps: int | None) -> None:
+                 save_every: int | None, max_rewind_steps: int | None,
+                 output_dir: str | os.PathLike | None = None) -> None:
         self.accelerator = accelerator
         self.sample_ids = sample_ids
         self.save_every = save_every
@@ -105,11 +135,26 @@ class AccelerateRun:
         self.current: _Step | None = None
         self.budget = max_rewind_steps if max_rewind_steps is not None else save_every
         self.resumed = False
+        self.closed = False
         self.models: list[Any] = []       # what prepare returned, by kind
         self.optimizers: list[Any] = []
         self.schedulers: list[Any] = []
+        self.output_dir = self._output_dir(output_dir)
         accelerator.register_for_checkpointing(self.counter)
         self._wrap()
+
+    def _output_dir(self, asked: str | os.PathLike | None) -> Path:
+        """Where ``steps`` saves: the run's work folder under the harness (it outlives a
+        generation and is this run's alone; the clean reference run has its own), else
+        ``asked``."""
+        work = self.run.workdir
+        if work is None:
+            return Path(asked or DEFAULT_OUTPUT)
+        if asked is not None and Path(asked).resolve() != Path(work).resolve() and \
+                self.accelerator.is_main_process:
+            print(f"pytest_reshard.adapters.accelerate: under the harness the saves go to the "
+                  f"run's work folder {work}, not {asked}", file=sys.stderr, flush=True)
+        return Path(work)
 
     @property
     def workdir(self) -> Path | None:
@@ -133,28 +178,74 @@ class AccelerateRun:
     def folder(self, root: str | os.PathLike, step: int) -> str:
         return str(Path(root) / f"step-{step}")
 
+    def steps(self, loader: Any, max_steps: int) -> Iterator[tuple[int, Any]]:
+        """The loop's iterator: ``(step, batch)`` from the first step the newest complete save
+        under ``output_dir`` leaves to run (the batches it consumed skipped, epoch by epoch over
+        ``loader``'s length), each yielded inside its step. When the body returns the step ends
+        (its loss: what reached ``accelerator.backward``), a save is made when ``should_save``
+        says, and a planned stop ends the loop. Leaving the loop another way (an exception, a
+        ``break``) leaves that step unended, as a crash does."""
+        start = self.resume(self.output_dir) if not self.resumed else self.counter.step + 1
+        try:
+            per_epoch: int | None = len(loader) or None
+        except TypeError:
+            per_epoch = None
+        epoch, skip = divmod(start, per_epoch) if per_epoch else (0, start)
+        step = start
+        while step < max_steps and not self.stopping:
+            if callable(getattr(loader, "set_epoch", None)):
+                loader.set_epoch(epoch)
+            batches = self.accelerator.skip_first_batches(loader, skip) if skip else loader
+            skip, taken = 0, 0
+            for batch in batches:
+                if step >= max_steps:
+                    break
+                s = self._begin(step, batch, epoch if per_epoch else None)
+                try:
+                    yield step, batch
+                except GeneratorExit:
+                    self.current = None
+                    raise
+                self._end(step, s)
+                if self.should_save(step):
+                    self.accelerator.save_state(self.folder(self.output_dir, step))
+                step, taken = step + 1, taken + 1
+                if self.stopping:
+                    break
+            if not taken:
+                break   # an empty epoch: nothing more to train on
+            epoch += 1
+        self.close()
+
     @contextmanager
     def step(self, step: int, batch: Any = None) -> Iterator[_Step]:
         """One training step: records the batch's sample ids, marks ``forward`` at the start,
         and at the end records the mean loss over ranks and agrees on a planned stop."""
-        if not self.resumed:
-            self.run.resumed(step, source="fresh", max_rewind_steps=self.budget)
-            self.resumed = True
-        s = _Step(self.run.begin_step(step))
-        self.current = s
+        s = self._begin(step, batch, None)
         try:
-            if batch is not None and self.sample_ids is not None:
-                ids = self.sample_ids(batch) if callable(self.sample_ids) else batch[self.sample_ids]
-                s.probe.record(samples=[int(i) for i in (ids.tolist() if hasattr(ids, "tolist")
-                                                         else ids)])
-            s.point("forward")
             yield s
         except BaseException as e:
             self.current = None
             self.run.end_step(error=e)
             raise
+        self._end(step, s)
+
+    def _begin(self, step: int, batch: Any, epoch: int | None) -> _Step:
+        if not self.resumed:
+            self.run.resumed(step, source="fresh", max_rewind_steps=self.budget)
+            self.resumed = True
+        s = _Step(self.run.begin_step(step))
+        self.current = s
+        if batch is not None and self.sample_ids is not None:
+            ids = self.sample_ids(batch) if callable(self.sample_ids) else batch[self.sample_ids]
+            ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+            s.probe.record(samples=ids, **({"epoch": epoch} if epoch is not None else {}))
+        s.point("forward")
+        return s
+
+    def _end(self, step: int, s: _Step) -> None:
         self.current = None
-        loss, stop = reduce_step(s.loss_sum, stop_wanted(self.run), self.accelerator.device)
+        loss, stop = reduce_step(s.value, stop_wanted(self.run), self.accelerator.device)
         s.probe.record(loss=loss)
         self.run.end_step()
         self.counter.step = step
@@ -167,7 +258,9 @@ class AccelerateRun:
         return self.stopping or bool(self.save_every and (step + 1) % self.save_every == 0)
 
     def close(self) -> None:
-        self.run.close()
+        if not self.closed:
+            self.closed = True
+            self.run.close()
 
     # -- digests ---------------------------------------------------------------------------
     def digests(self, rng: str) -> dict[str, str]:
@@ -198,6 +291,7 @@ class AccelerateRun:
 
         def wrapped_backward(loss: Any, **kwargs: Any) -> Any:
             if self.current is not None:
+                self.current.backward_sum += _value(loss)
                 self.current.point("backward")
             return backward(loss, **kwargs)
 
@@ -240,11 +334,13 @@ class AccelerateRun:
 
 
 def instrument(accelerator: Any, sample_ids: str | int | Callable[[Any], Any] | None = "sample_id",
-               *, save_every: int | None = None, max_rewind_steps: int | None = None) -> AccelerateRun:
+               *, save_every: int | None = None, max_rewind_steps: int | None = None,
+               output_dir: str | os.PathLike | None = None) -> AccelerateRun:
     """Connect ``accelerator`` to the harness; call it before ``accelerator.prepare``.
     ``save_every``: the save interval (``run.should_save``), and by default
-    ``max_rewind_steps``."""
+    ``max_rewind_steps``. ``output_dir``: where ``run.steps`` saves outside the harness (under
+    it, the run's work folder)."""
     import accelerate
 
     require_version("accelerate", accelerate.__version__, SUPPORTED, TESTED)
-    return AccelerateRun(accelerator, sample_ids, save_every, max_rewind_steps)
+    return AccelerateRun(accelerator, sample_ids, save_every, max_rewind_steps, output_dir)

@@ -26,7 +26,12 @@ What it records, and where (public ``TrainerCallback`` hooks unless said otherwi
   resumes) and ``trainer_state``;
 - a planned reshard or a SIGTERM: every rank agrees after the same step (one all-reduce per
   step, shared with the loss), and the Trainer saves and stops there;
-- ``max_rewind_steps`` from ``save_steps`` (``save_strategy="epoch"``: the steps of an epoch).
+- ``max_rewind_steps`` from ``save_steps`` (``save_strategy="epoch"``: the steps of an epoch);
+- under the harness, ``args.output_dir`` becomes the run's work folder (a log line says so): it
+  outlives a generation and is this run's alone, while the clean reference run, started with the
+  same command line, has its own. Resolve the checkpoint to resume from after ``instrument``
+  (``get_last_checkpoint(trainer.args.output_dir)``); a Trainer that starts at step 0 while the
+  work folder holds a checkpoint says which.
 
 Private Trainer API it touches (pinned: transformers >=5.0,<6; tested with 5.24.0):
 ``Trainer._save_rng_state`` and ``Trainer._load_rng_state`` (wrapped: the only places the RNG is
@@ -35,6 +40,7 @@ Trainer keeps it in the batch).
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -88,6 +94,7 @@ def instrument(trainer: Any, sample_ids: str | None = "sample_id", *,
     trainer._reshard_callback = cb
     trainer.add_callback(cb)
     cb.wrap()
+    cb.redirect()
     return cb
 
 
@@ -111,6 +118,37 @@ def _make_callback(transformers: Any) -> type:
             self.first_epoch = True
             self.stopping = False
             self.nupe: int | None = None
+            self.redirected = False
+
+        # -- the output folder -------------------------------------------------------------
+        def redirect(self) -> None:
+            """Under the harness, save into the run's work folder: the script's own output_dir
+            would be shared with the clean reference run (the same command line) and with
+            every earlier run."""
+            work, args = self.run.workdir, self.trainer.args
+            self.redirected = False
+            if work is None or (args.output_dir and
+                                Path(args.output_dir).resolve() == Path(work).resolve()):
+                return
+            old, args.output_dir = args.output_dir, str(work)
+            self.redirected = True
+            if args.process_index == 0:
+                print(f"pytest_reshard.adapters.hf: under the harness the Trainer's output_dir is "
+                      f"the run's work folder {work} (was {old})", file=sys.stderr, flush=True)
+
+        def warn_fresh_start(self) -> None:
+            """A fresh start while the work folder holds a checkpoint: the script resolved its
+            resume before instrument moved output_dir, so it looked in the old folder."""
+            from transformers.trainer_utils import get_last_checkpoint
+
+            work = self.run.workdir
+            last = get_last_checkpoint(str(work)) if work is not None and Path(work).is_dir() else None
+            if last and self.trainer.args.process_index == 0:
+                print(f"pytest_reshard.adapters.hf: training starts at step 0 although the work "
+                      f"folder holds {Path(last).name}: pass resume_from_checkpoint="
+                      f"get_last_checkpoint(trainer.args.output_dir), resolved after "
+                      f"hf.instrument (which set output_dir to {work})", file=sys.stderr,
+                      flush=True)
 
         # -- wrapping ----------------------------------------------------------------------
         def wrap(self) -> None:
@@ -227,6 +265,8 @@ def _make_callback(transformers: Any) -> type:
                 else:
                     budget = state.max_steps
             self.run.resumed(gs, source="checkpoint" if gs else "fresh", max_rewind_steps=budget)
+            if not gs and self.redirected:
+                self.warn_fresh_start()
             if gs:
                 self.loaded_step = gs - 1
                 self.pending_load = self.digests(rng=None)  # the RNG comes at its restore

@@ -4,8 +4,16 @@
 
     trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=world, max_steps=steps,
                         callbacks=[reshard.ReshardCallback(sample_ids="sample_id"),
-                                   ModelCheckpoint(dirpath=ckpt_dir, save_last=True, ...)])
+                                   ModelCheckpoint(dirpath=reshard.output_dir("ckpt"),
+                                                   save_last=True, ...)])
     trainer.fit(model, loader, ckpt_path="last")
+
+``output_dir("ckpt")`` is ``"ckpt"`` outside the harness and the run's work folder under it (it
+outlives a generation; the clean reference run, started with the same command line, has its
+own). The callback cannot move the folder itself: ``Trainer.fit`` resolves ``ckpt_path="last"``
+(``_CheckpointConnector._select_ckpt_path``) before it calls any callback hook, so a folder
+moved at ``setup`` would take the saves but not the resume. Under the harness it refuses, at
+``setup``, a ``ModelCheckpoint`` that saves outside the work folder, saying this.
 
 What it records, and where (public ``Callback`` hooks; two public methods wrapped on the
 instance at ``setup``):
@@ -30,8 +38,12 @@ instance at ``setup``):
   data stream really resumes: a loader without ``state_dict``/``load_state_dict`` restarts its
   epoch) and ``loop`` (global step and epoch);
 - a planned reshard or a SIGTERM: every rank agrees after the same batch, the callback writes
-  ``last.ckpt`` into the ``ModelCheckpoint``'s folder (what ``ckpt_path="last"`` resumes from)
-  and sets ``trainer.should_stop``;
+  ``last-stop.ckpt`` into the ``ModelCheckpoint``'s folder and sets ``trainer.should_stop``;
+  ``ckpt_path="last"`` resumes from the newest ``last*.ckpt``, and a ``ModelCheckpoint(
+  save_last=True)`` writes ``last.ckpt`` after a stop mid-epoch (at ``on_train_epoch_end`` or
+  ``on_train_end``, counting the interrupted epoch as done), so at ``teardown`` rank 0 makes
+  ``last-stop.ckpt`` the newest again (its mtime) and logs that it did. (A SIGTERM stop never
+  gets there: Lightning's own SIGTERM handling raises at the next batch.)
 - ``max_rewind_steps``: the ``ModelCheckpoint``'s ``every_n_train_steps`` (or the batches of an
   epoch for ``every_n_epochs=1``).
 
@@ -41,6 +53,8 @@ No private Lightning API is touched.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -48,7 +62,8 @@ from pytest_reshard import probe
 from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
 
 # F822: ReshardCallback is built on first access (__getattr__), so importing this needs no lightning
-__all__ = ["ReshardCallback", "workload", "SUPPORTED", "TESTED", "PRELOAD"]  # noqa: F822
+__all__ = ["ReshardCallback", "workload", "output_dir", "SUPPORTED", "TESTED",  # noqa: F822
+           "PRELOAD"]
 
 SUPPORTED = ("2.4", "3.0")
 TESTED = "2.6.6"
@@ -65,6 +80,13 @@ def workload(name: str, script: str | Path, *, preload: Sequence[str] = (),
 
     return register(WorkloadSpec(name, script=str(script), preload=(*PRELOAD, *preload), **spec),
                     replace=replace)
+
+
+def output_dir(default: str | os.PathLike) -> str:
+    """The folder to give ``ModelCheckpoint(dirpath=...)``: the run's work folder under the
+    harness (every generation's, and this run's alone), ``default`` outside it."""
+    work = probe.attach().workdir
+    return str(work if work is not None else default)
 
 
 def __getattr__(name: str) -> Any:
@@ -100,6 +122,29 @@ def _ids_of(batch: Any, key: Any) -> list[int] | None:
     return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
 
 
+def newest_last(path: str, prefix: str = "last") -> None:
+    """Make ``path`` the newest of its folder's checkpoints that ``ckpt_path="last"`` considers
+    (a name starting with ``prefix``, ModelCheckpoint's ``CHECKPOINT_NAME_LAST``; Lightning
+    takes the one with the latest mtime), and say so when a later one had to be outdated."""
+    folder, name = os.path.split(path)
+    if not os.path.exists(path):
+        return
+    ext = os.path.splitext(name)[1]
+    mine = os.stat(path).st_mtime_ns
+    later = {f: os.stat(os.path.join(folder, f)).st_mtime_ns for f in os.listdir(folder or ".")
+             if f != name and f.startswith(prefix) and f.endswith(ext)}
+    later = {f: t for f, t in later.items() if t >= mine}
+    if not later:
+        return
+    # a millisecond past the newest: Lightning compares mtimes as datetimes (microseconds)
+    t = max(time.time_ns(), max(later.values()) + 1_000_000)
+    os.utime(path, ns=(t, t))
+    print(f"pytest_reshard.adapters.lightning: the planned stop saved {name} mid-epoch; "
+          f"{', '.join(sorted(later))} was written after it with the interrupted epoch counted "
+          f'as done, so {name} is now the newest: ckpt_path="last" resumes from it',
+          file=sys.stderr, flush=True)
+
+
 def _make(pl: Any) -> type:
     from importlib import import_module
 
@@ -107,7 +152,7 @@ def _make(pl: Any) -> type:
 
     class ReshardCallback(pl.Callback):
         """Records steps, samples, loss, saves and loads for the harness, marks its fault points,
-        and turns a planned reshard or a SIGTERM into a save of ``last.ckpt`` and a stop."""
+        and turns a planned reshard or a SIGTERM into a save of ``last-stop.ckpt`` and a stop."""
 
         def __init__(self, sample_ids: str | int | Callable[[Any], Any] | None = "sample_id", *,
                      max_rewind_steps: int | None = None, last_name: str = "last-stop") -> None:
@@ -122,6 +167,7 @@ def _make(pl: Any) -> type:
             self.pending_save: dict[str, str] | None = None
             self.batches = 0            # batches of the current epoch done
             self.stopping = False
+            self.stop_path: str | None = None   # the planned stop's save
             self.wrapped = False
 
         # -- wrapping (public methods, on the instance) ------------------------------------
@@ -132,6 +178,7 @@ def _make(pl: Any) -> type:
                 raise NotImplementedError("pytest_reshard.adapters.lightning records one step "
                                           "per batch: use accumulate_grad_batches=1")
             self.wrapped = True
+            self.check_folders(trainer)
             save, strategy_save = trainer.save_checkpoint, trainer.strategy.save_checkpoint
 
             def save_checkpoint(filepath: Any, *args: Any, **kwargs: Any) -> Any:
@@ -150,6 +197,30 @@ def _make(pl: Any) -> type:
 
             trainer.save_checkpoint = save_checkpoint
             trainer.strategy.save_checkpoint = strategy_save_checkpoint
+
+        def check_folders(self, trainer: Any) -> None:
+            """Under the harness every ModelCheckpoint must save into the run's work folder: any
+            other is shared with the clean reference run (the same command line) and earlier
+            runs, whose last.ckpt a resume would then take."""
+            work = self.run.workdir
+            if work is None:
+                return
+            root = Path(work).resolve()
+            for c in trainer.checkpoint_callbacks:
+                if not isinstance(c, ModelCheckpoint):
+                    continue
+                d = Path(c.dirpath).resolve() if c.dirpath else None
+                if d is None or not (d == root or root in d.parents):
+                    where = str(c.dirpath) if c.dirpath else "the Trainer's default_root_dir"
+                    raise RuntimeError(
+                        f"pytest_reshard.adapters.lightning: ModelCheckpoint saves to {where}, "
+                        f"outside this run's work folder {work}: the clean reference run (started "
+                        f"with the same command line) and earlier runs save there too, and "
+                        f"ckpt_path='last' would resume from their files. Lightning resolves "
+                        f"ckpt_path='last' in Trainer.fit before any callback runs, so the "
+                        f"callback cannot move it: pass ModelCheckpoint(dirpath=reshard."
+                        f"output_dir({str(c.dirpath or 'checkpoints')!r}), ...) (that folder "
+                        f"outside the harness, the work folder under it)")
 
         # -- digests -----------------------------------------------------------------------
         def global_batch(self, trainer: Any, batch: Any = None) -> int:
@@ -253,7 +324,12 @@ def _make(pl: Any) -> type:
                 self.stopping = True
                 self.run.note("planned_stop", step=trainer.global_step - 1,
                               reason="reshard" if self.run.reshard_requested() else "sigterm")
-                trainer.save_checkpoint(self.last_path(trainer))
+                path = self.last_path(trainer)
+                trainer.save_checkpoint(path)
+                n = trainer.num_training_batches
+                # at an epoch's last batch the epoch is done: Lightning's own last.ckpt is right
+                if not (isinstance(n, int) and self.batches >= n):
+                    self.stop_path = path
                 trainer.should_stop = True
 
         def last_path(self, trainer: Any) -> str:
@@ -266,5 +342,13 @@ def _make(pl: Any) -> type:
 
         def on_train_end(self, trainer: Any, pl_module: Any) -> None:
             self.run.close()
+
+        def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+            # After every callback's on_train_end: a ModelCheckpoint(save_last=True) may have
+            # written last.ckpt after the planned stop (at on_train_epoch_end or on_train_end,
+            # with the interrupted epoch counted as done), and ckpt_path="last" takes the newest
+            # last*.ckpt: the stop's save must be that one.
+            if stage == "fit" and self.stop_path and trainer.is_global_zero:
+                newest_last(self.stop_path, ModelCheckpoint.CHECKPOINT_NAME_LAST)
 
     return ReshardCallback

@@ -11,6 +11,12 @@ step in an earlier generation (or, when nothing was, with the load's own ``expec
 A component loaded but never saved (by any rank, or for a per-rank one by that rank), or saved
 but never loaded back (an EMA saved and not restored), fails naming component, rank and step.
 
+At a shrink the leaving ranks' per-rank state is loaded by no rank unless a survivor took it
+over, and digests cannot tell whether that lost anything (a data position per rank may or may
+not be implied by the survivors'): such a component is ``unknown``, naming what was dropped. An
+RNG stream is the exception: it cannot be carried to another world size, so its drop is only
+said in the verdict (``details["dropped"]``), not held against the run.
+
 The load digest means something only at the restore: it must be taken right after the state is
 restored and before anything draws from it. The check takes the earliest load digest a rank
 recorded for a step and component, and does not fail what it cannot attribute to the restore: a
@@ -161,6 +167,8 @@ def state_equivalence(history: History) -> Verdict:
     mismatches: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []   # loaded never saved, saved never loaded back
     excused: list[str] = []              # differences the restore may not have caused
+    dropped: list[str] = []              # leaving ranks' per-rank state nobody loaded (a shrink)
+    dropped_rng: list[str] = []          # the same of an RNG stream: said, not held against it
     verified = 0
     def before(load: _Record) -> dict[tuple[int, int, int], _Record]:
         """The saves a load may have read: of an earlier generation, or in membership mode
@@ -284,9 +292,13 @@ def state_equivalence(history: History) -> Verdict:
         world = gens[gen].world_size if gen in gens else 0
         loaded_any = set().union(*(l.digest for l in by_rank.values()))
         reported: set[str] = set()
+        left: dict[str, list[int]] = {}   # per-rank component -> leaving ranks nobody took it from
         for (_, r, _), s in sorted(src.items()):
             for comp in sorted(s.digest):
                 if comp in per_rank:
+                    if r >= world and by_rank and not any(
+                            l.digest.get(comp) == s.digest[comp] for l in by_rank.values()):
+                        left.setdefault(comp, []).append(r)
                     if r >= world or r not in by_rank or comp in by_rank[r].digest:
                         continue   # that rank is gone (a shrink), recorded no load, or loaded it
                     who, loaded = f"rank {r}", ", ".join(sorted(by_rank[r].digest))
@@ -303,9 +315,13 @@ def state_equivalence(history: History) -> Verdict:
                                "(or stop saving it), and record its digest at the load",
                     "step": step, "rank": r if comp in per_rank else None, "generation": gen,
                     "component": comp})
+        for comp, ranks in sorted(left.items()):
+            (dropped_rng if _is_rng(comp) else dropped).append(
+                _dropped(comp, ranks, src_gen, gen, step, gens[src_gen].world_size
+                         if src_gen in gens else None, world))
     details: dict[str, Any] = {"loads_verified": verified, "unverified": unverified,
                                "mismatches": len(mismatches), "missing": len(missing),
-                               "excused": excused}
+                               "excused": excused, "dropped": dropped + dropped_rng}
     if mismatches:
         m = mismatches[0]
         details["differ"] = m["differ"]
@@ -325,17 +341,34 @@ def state_equivalence(history: History) -> Verdict:
         return Verdict.failed(check, _summarise([p["message"] for p in missing]), step=x["step"],
                               rank=x["rank"], generation=x["generation"],
                               fault=_fault_before(history, x["generation"]), details=details)
-    if excused:
-        return Verdict.unknown(check, _summarise(excused), details=details)
+    if excused or dropped:
+        return Verdict.unknown(check, _summarise(excused + dropped), details=details)
     if unverified:
         return Verdict.unknown(check, f"{_summarise(unverified)}; {_ADVICE}", details=details)
     if verified:
+        note = f"; {_summarise(dropped_rng)}" if dropped_rng else ""
         return Verdict.passed(check, f"{verified} loads match what was saved, component by "
-                              "component", details=details)
+                              f"component{note}", details=details)
     if len(gens) <= 1:
         return Verdict.passed(check, "single generation: no reshard to check", details=details)
     return Verdict.passed(check, "no generation resumed from saved state (each started at step 0): "
                           "no state to compare", details=details)
+
+
+def _dropped(comp: str, ranks: list[int], src_gen: int, gen: int, step: int,
+             old_world: int | None, world: int) -> str:
+    """The sentence for a leaving rank's per-rank ``comp`` that no rank of ``gen`` loaded."""
+    who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+    sizes = f" (world size {old_world} -> {world})" if old_world is not None else ""
+    head = (f"{comp} (per-rank) saved by {who} in generation {src_gen} for step {step} was loaded "
+            f"by no rank of generation {gen}{sizes}: it left with {who} at the shrink")
+    if _is_rng(comp):
+        return (f"{head} (a random stream is not carried to another world size; the clean run at "
+                f"{world} ranks is the reference)")
+    return (f"{head}, and digests cannot tell whether that lost anything (a survivor may imply "
+            f"it, or not): save it consolidated (one replicated component, e.g. the global data "
+            f"position) so any world size resumes it, or record sample ids so that "
+            f"exactly_once_samples judges the data")
 
 
 def _compare(history: History, load: _Record, common: list[str],

@@ -13,6 +13,8 @@ pytest.importorskip("transformers")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import hf  # noqa: E402
 
+from ..readme_examples import write  # noqa: E402
+
 SCRIPT = Path(__file__).parent.parent / "workloads" / "hf_train.py"
 hf.workload("hf_train", SCRIPT, preload=("transformers.models.gpt2.modeling_gpt2",))
 
@@ -101,3 +103,29 @@ def test_a_crash_inside_the_trainers_save_leaves_a_checkpoint_it_cannot_resume_f
     message = _failed(result, "crash_consistency")
     assert "could not start again after generation 0 left the checkpoint of step 5 incomplete" \
         in message and "`checkpoint-6/model.safetensors` torn" in message, message
+
+
+@pytest.fixture(scope="module")
+def readme_example(tmp_path_factory):
+    """The README's Trainer example, unchanged, as workload ``readme_hf``."""
+    hf.workload("readme_hf", write("Hugging Face Trainer", tmp_path_factory.mktemp("readme"),
+                                   "readme_hf.py"),
+                preload=("transformers.models.gpt2.modeling_gpt2",))
+    return "readme_hf"
+
+
+def test_the_readme_example_saves_into_the_work_folder_and_resumes_from_it(
+        reshard_run, readme_example, tmp_path, monkeypatch):
+    """The README's script says ``output_dir="hf-out"`` and nothing about the harness: under it
+    ``hf.instrument`` moves output_dir to the run's work folder (and logs it), so a preemption
+    after step 4 resumes at step 5 from there, and nothing is written to ``hf-out`` (the ranks'
+    working directory here), which the clean reference run would share."""
+    monkeypatch.chdir(tmp_path)
+    result = reshard_run(readme_example, faults=[chaos.preempt(at_step=4, phase="forward")])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 5
+    assert (Path(result.run_dir) / "work" / "checkpoint-5").is_dir()
+    # the Trainer makes the folder it was given at its construction, and nothing goes into it
+    assert not list((tmp_path / "hf-out").glob("*")), list((tmp_path / "hf-out").glob("*"))
+    log = (Path(result.run_dir) / "logs" / "g0-r0.log").read_text()
+    assert "output_dir is the run's work folder" in log, log[-2000:]

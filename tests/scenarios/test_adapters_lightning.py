@@ -14,6 +14,8 @@ pytest.importorskip("lightning")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import lightning as reshard  # noqa: E402
 
+from ..readme_examples import write  # noqa: E402
+
 SCRIPT = Path(__file__).parent.parent / "workloads" / "lightning_train.py"
 reshard.workload("lightning_train", SCRIPT)
 
@@ -70,3 +72,60 @@ def test_an_epoch_boundary_resume_without_dropout_passes(reshard_run):
     result = reshard_run("lightning_train", faults=[chaos.kill(rank=1, at_step=5, phase="backward")])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 4
+
+
+def test_a_planned_stop_before_any_save_of_the_generation_resumes_from_the_callbacks_save(
+        reshard_run):
+    """The other path: a checkpoint every 3 steps and a shift after step 1, before the
+    ModelCheckpoint saved anything in this generation: its ``on_train_end`` writes ``last.ckpt``
+    (``save_last`` and nothing saved yet), after the callback's ``last-stop.ckpt``. The resume
+    must still be the callback's save, at step 2 (the rest is Lightning's plain-DataLoader
+    restart of the epoch, asserted by the first test)."""
+    result = reshard_run("lightning_train", args=["--every-n-train-steps", "3"],
+                         faults=[chaos.shift_shards(to_world_size=1, at_step=1)])
+    loads = [c for c in result.history.checkpoints("load") if c.gen == 1]
+    assert loads and all(c.step == 1 and str(c.info.get("path")).endswith("last-stop.ckpt")
+                         for c in loads), loads
+    assert result.history.generations[1].resume_step == 2
+    result.assert_no_rewind()
+
+
+@pytest.fixture(scope="module")
+def readme_example(tmp_path_factory):
+    """The README's Lightning example, unchanged, as workload ``readme_lightning``."""
+    reshard.workload("readme_lightning", write("Lightning", tmp_path_factory.mktemp("readme"),
+                                               "readme_lightning.py"))
+    return "readme_lightning"
+
+
+def test_a_planned_stop_mid_epoch_resumes_from_the_callbacks_save(reshard_run, readme_example):
+    """The README's setup, ``ModelCheckpoint(save_last=True, every_n_epochs=1)``, and a shift at
+    step 5 (batch 1 of epoch 1): the callback saves ``last-stop.ckpt`` and sets
+    ``should_stop``; Lightning then ends the epoch, and the ModelCheckpoint writes ``last.ckpt``
+    at ``on_train_epoch_end`` with the epoch counted as done. ``ckpt_path="last"`` takes the
+    newest ``last*.ckpt``: without the fix, ``last.ckpt``, and the next generation finds
+    ``max_epochs`` reached and trains nothing (steps 6 and 7 lost). The resume must be the
+    callback's save, at step 6."""
+    result = reshard_run(readme_example, faults=[chaos.shift_shards(to_world_size=1, at_step=5)])
+    result.assert_liveness()
+    result.assert_no_rewind()
+    loads = [c for c in result.history.checkpoints("load") if c.gen == 1]
+    assert loads and all(c.step == 5 and str(c.info.get("path")).endswith("last-stop.ckpt") for c in loads), loads
+    assert result.history.generations[1].resume_step == 6
+    # what is left is Lightning's own mid-epoch bug (a plain DataLoader restarts its epoch)
+    assert "consumed twice" in _failed(result, "exactly_once_samples")
+
+
+def test_a_checkpoint_folder_outside_the_work_folder_is_refused_saying_what_to_pass(
+        reshard_run, tmp_path, monkeypatch):
+    """``ModelCheckpoint(dirpath="lightning-out")`` under the harness would share its files with
+    the clean reference run, and the callback cannot move it (``ckpt_path="last"`` is resolved
+    before any callback hook): it refuses at ``setup``, naming ``reshard.output_dir``."""
+    monkeypatch.chdir(tmp_path)
+    result = reshard_run("lightning_train", args=["--ckpt-dir", "lightning-out"], steps=4,
+                         faults=[chaos.kill(rank=1, at_step=2, phase="backward")])
+    assert result.verdicts["liveness"].status == "fail"
+    log = (Path(result.run_dir) / "logs" / "g0-r0.log").read_text()
+    folder = tmp_path.resolve() / "lightning-out"    # ModelCheckpoint makes its dirpath absolute
+    assert f"ModelCheckpoint saves to {folder}, outside this run's work folder" in log and \
+        f"dirpath=reshard.output_dir('{folder}')" in log, log[-3000:]

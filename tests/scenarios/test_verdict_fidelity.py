@@ -50,6 +50,23 @@ def test_a_per_rank_rng_not_restored_at_a_reshard_to_one_rank_fails(reshard_run)
     assert (v.step, v.rank, v.generation) == (5, 0, 1)
 
 
+@pytest.mark.reshard(world_size=4, steps=12, timeout=90)
+def test_a_per_rank_cursor_dropped_at_a_shrink_is_named_not_passed(reshard_run):
+    """4 -> 2: each rank restores its own cursor file; ranks 2 and 3's cursors are loaded by
+    nobody. The digests cannot tell whether that lost data (here it does not: the sample order is
+    global), so the verdict is unknown, naming them. Before: pass, silently."""
+    result = reshard_run(SCRIPT, args=["--per-rank-cursor", "--per-rank-rng"],
+                         faults=[chaos.shift_shards(to_world_size=2, at_step=5, notice_s=10)])
+    v = result.verdicts["state_equivalence"]
+    assert v.status == "unknown", v
+    assert ("cursor (per-rank) saved by ranks 2, 3 in generation 0 for step 5 was loaded by no "
+            "rank of generation 1 (world size 4 -> 2)") in v.message, v.message
+    # their RNG streams left too: said in the details, not what makes the verdict unknown
+    assert any(d.startswith("rank_rng (per-rank) saved by ranks 2, 3") and
+               "a random stream is not carried" in d for d in v.details["dropped"]), v.details
+    result.assert_exactly_once_samples()   # what the samples say: nothing was lost
+
+
 def test_an_ema_saved_and_never_restored_fails(reshard_run):
     result = reshard_run(SCRIPT, args=["--ema", "--bug-ema-not-restored"],
                          faults=[chaos.kill(rank=1, at_step=7, phase="backward")])

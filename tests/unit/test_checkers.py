@@ -9,6 +9,7 @@ from pytest_reshard import checkers
 from pytest_reshard.checkers import (SPREAD_FACTOR, exactly_once_samples, liveness,
                                      loss_continuity, measure_spread, no_rewind,
                                      state_equivalence)
+from pytest_reshard.contract import Ev
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict, combine
 
@@ -696,3 +697,55 @@ def test_state_equivalence_a_rank_killed_at_the_commit_point_is_unknown_not_neve
     assert v.status == "unknown", v
     assert "rank 1 loaded its rng for step 4 in generation 1, but it was killed inside that save" \
         in v.message, v.message
+
+
+def _shrink(component: str, *, to: int = 2, carried: bool = False) -> History:
+    """4 -> ``to`` ranks after step 3: every rank saves its own ``component`` (per-rank) with the
+    replicated DIGEST on rank 0, and each survivor loads back exactly its own (``carried``: rank 0
+    loads rank 3's instead, as a merge that takes it over verbatim would)."""
+    b = Builder(steps=8, world_size=4, faults=[{
+        "kind": "shift_shards", "target": "all", "step": 3, "phase": "optimizer",
+        "params": {"to_world_size": to, "notice_s": 1}}])
+    b.gen(run=range(0, 4), cause="reshard", planned=True, fault_id=0, saves={3: DIGEST})
+    for e in b.events:
+        if e["ev"] == Ev.CKPT_SAVE:
+            e.update(digest={**e["digest"], component: f"p{e['rank']}"}, per_rank=[component])
+    b.gen(world_size=to, resume=4, run=range(4, 8), load=(3, DIGEST))
+    for e in b.events:
+        if e.get("gen") == 1 and e["ev"] == Ev.CKPT_LOAD:
+            mine = "p3" if carried and e["rank"] == 0 else f"p{e['rank']}"
+            e.update(digest={**e["digest"], component: mine}, per_rank=[component])
+    return b.history()
+
+
+def test_state_equivalence_names_per_rank_state_the_leaving_ranks_took_with_them() -> None:
+    """4 -> 2: ranks 2 and 3 saved their own data position, and nobody loaded it. Whether that
+    lost samples the digests cannot tell: unknown, naming the component and the ranks (it used
+    to pass, silently)."""
+    v = state_equivalence(_shrink("data_pos"))
+    assert v.status == "unknown", v
+    assert ("data_pos (per-rank) saved by ranks 2, 3 in generation 0 for step 3 was loaded by no "
+            "rank of generation 1 (world size 4 -> 2): it left with ranks 2, 3 at the shrink") \
+        in v.message, v.message
+    assert "save it consolidated" in v.message, v.message
+
+
+def test_state_equivalence_says_a_leaving_ranks_rng_stream_was_dropped_and_passes() -> None:
+    """An RNG stream cannot be carried to another world size (HF's rng_state_3.pth at 4 -> 2):
+    the verdict says so, and passes on the loads it verified."""
+    v = state_equivalence(_shrink("rng"))
+    assert v.status == "pass", v
+    assert "rng (per-rank) saved by ranks 2, 3 in generation 0 for step 3 was loaded by no rank" \
+        in v.message, v.message
+    assert len(v.details["dropped"]) == 1
+
+
+def test_state_equivalence_reports_no_drop_without_a_shrink_or_when_a_survivor_took_it() -> None:
+    same = state_equivalence(_shrink("data_pos", to=4))
+    assert same.status == "pass" and not same.details["dropped"], same
+    # rank 0 loaded rank 3's verbatim: rank 3's is not dropped (rank 2's is), and rank 0's own
+    # comparison fails ("ranks read each other's per-rank files")
+    took = state_equivalence(_shrink("data_pos", carried=True))
+    assert took.status == "fail" and "ranks read each other's" in took.message, took
+    assert [d.split(" in generation")[0] for d in took.details["dropped"]] == \
+        ["data_pos (per-rank) saved by rank 2"], took.details

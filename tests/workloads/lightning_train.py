@@ -4,6 +4,7 @@ downloads.
 
 Options: ``--dropout P`` (0 by default), ``--batches-per-epoch N`` (the epoch length in steps),
 ``--every-n-train-steps K`` (a mid-epoch checkpoint every K steps; 0: at every epoch's end only),
+``--ckpt-dir D`` (the ModelCheckpoint's folder; by default ``reshard.output_dir``),
 ``--max-steps`` (stop by ``max_steps`` instead of ``max_epochs``).
 """
 import argparse
@@ -14,7 +15,6 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from pytest_reshard import probe
 from pytest_reshard.adapters import lightning as reshard
 
 p = argparse.ArgumentParser()
@@ -23,12 +23,14 @@ p.add_argument("--dropout", type=float, default=0.0)
 p.add_argument("--global-batch", type=int, default=8)
 p.add_argument("--batches-per-epoch", type=int, default=4)
 p.add_argument("--every-n-train-steps", type=int, default=0)
+p.add_argument("--ckpt-dir", default=None,
+               help="ModelCheckpoint's dirpath (default: reshard.output_dir('lightning-out'))")
 p.add_argument("--max-steps", action="store_true",
                help="stop by max_steps (iteration-based) instead of max_epochs")
 args = p.parse_args()
 
 world = int(os.environ.get("WORLD_SIZE", 1))
-out = Path(probe.attach().workdir or "lightning-out")
+out = Path(args.ckpt_dir or reshard.output_dir("lightning-out"))
 
 
 class Synthetic(torch.utils.data.Dataset):

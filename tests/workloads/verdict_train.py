@@ -9,6 +9,9 @@ that only look at simple scripts:
   ``s.record``, without it the repeats are left for the checker to tell from duplicates;
 - that RNG (replicated: every rank draws the same noise) and, with ``--per-rank-rng``, a
   per-rank RNG stream saved in one file per rank (``rng-{rank}.pt``, declared ``per_rank``);
+- ``--per-rank-cursor``: each rank's own count of the samples it consumed, saved in one file per
+  rank (``cursor-{rank}.pt``, declared ``per_rank``) and restored from its own file: at a shrink
+  the leaving ranks' cursors are loaded by nobody;
 - ``--ema``: an exponential moving average of the weights, saved with the checkpoint;
 - checkpoints saved *inside* the step (``s.point("checkpoint")`` before writing,
   ``"checkpoint_commit"`` before the commit), so ``kill_during_save`` lands in them; a
@@ -31,6 +34,8 @@ p.add_argument("--ckpt-every", type=int, default=3)
 p.add_argument("--dataset", type=int, default=48, help="samples per epoch (a multiple of 12)")
 p.add_argument("--record-epoch", action="store_true", help="pass epoch= to s.record")
 p.add_argument("--per-rank-rng", action="store_true", help="a per-rank RNG, one file per rank")
+p.add_argument("--per-rank-cursor", action="store_true",
+               help="a per-rank count of consumed samples, one file per rank")
 p.add_argument("--ema", action="store_true", help="an EMA of the weights, in the checkpoint")
 p.add_argument("--digest-late", action="store_true",
                help="take the load digest after the epoch iterator is built (as a framework's "
@@ -84,13 +89,16 @@ ema = {k: v.detach().clone() for k, v in model.state_dict().items()}
 rng = torch.Generator().manual_seed(99)              # the "framework's" RNG: replicated
 rank_rng = torch.Generator().manual_seed(1000 + rank)  # this rank's own stream
 epoch_seed = None                                    # drawn from rng when an epoch's iterator is built
+cursor = {"rank": rank, "consumed": 0}               # --per-rank-cursor: this rank's samples so far
+PER_RANK = [n for n, on in (("rank_rng", args.per_rank_rng), ("cursor", args.per_rank_cursor)) if on]
 
 
 def rng_state():
     return {"rng": rng.get_state(), "epoch_seed": epoch_seed}
 
 
-def digests(step, *, with_ema=args.ema, with_rank_rng=args.per_rank_rng):
+def digests(step, *, with_ema=args.ema, with_rank_rng=args.per_rank_rng,
+            with_cursor=args.per_rank_cursor):
     d = {"model": probe.digest(model.state_dict()), "optimizer": probe.digest(opt.state_dict()),
          "step": probe.digest(step), "data": probe.digest(step * GLOBAL_BATCH),
          "rng": probe.digest(rng_state())}
@@ -98,6 +106,8 @@ def digests(step, *, with_ema=args.ema, with_rank_rng=args.per_rank_rng):
         d["ema"] = probe.digest(ema)
     if with_rank_rng:
         d["rank_rng"] = probe.digest(rank_rng.get_state())
+    if with_cursor:
+        d["cursor"] = probe.digest(cursor)
     return d
 
 
@@ -127,12 +137,17 @@ if ckpt is not None:
         if (ckpt / name).exists():  # a rank the last generation did not have starts fresh
             rank_rng.set_state(torch.load(ckpt / name, weights_only=False))
             restored_rank_rng = True
+    restored_cursor = False
+    if args.per_rank_cursor and (ckpt / f"cursor-{rank}.pt").exists():
+        cursor = torch.load(ckpt / f"cursor-{rank}.pt", weights_only=False)
+        restored_cursor = True
     start = state["step"] + 1
 
     def record_load():  # only what was really restored
         run.checkpoint_loaded(state["step"], digests(state["step"], with_ema=restored_ema,
-                                                     with_rank_rng=restored_rank_rng),
-                              per_rank=["rank_rng"] if args.per_rank_rng else ())
+                                                     with_rank_rng=restored_rank_rng,
+                                                     with_cursor=restored_cursor),
+                              per_rank=PER_RANK)
 
     if not args.digest_late:
         record_load()  # right after the restore, before the epoch iterator is built
@@ -151,14 +166,16 @@ def save(step, s):
         torch.save(state, folder / "state.pt")
     if args.per_rank_rng:
         torch.save(rank_rng.get_state(), folder / f"rng-{rank}.pt")
+    if args.per_rank_cursor:
+        torch.save(cursor, folder / f"cursor-{rank}.pt")
     s.point("checkpoint_commit")  # every part written, not yet committed
     dist.barrier()
     if rank == 0:
         (folder / "COMMITTED").touch()
     dist.barrier()
-    mine = digests(step) if rank == 0 else (
-        {"rank_rng": probe.digest(rank_rng.get_state())} if args.per_rank_rng else {})
-    run.checkpoint_saved(step, mine, per_rank=["rank_rng"] if args.per_rank_rng else ())
+    mine = digests(step) if rank == 0 else {
+        k: v for k, v in digests(step).items() if k in PER_RANK}
+    run.checkpoint_saved(step, mine, per_rank=PER_RANK)
 
 
 per_rank = GLOBAL_BATCH // world
@@ -172,6 +189,7 @@ for step in range(start, args.steps):
         record_load()  # as an on_step_begin callback would: after the iterator was built
     with run.step(step) as s:
         ids = perm[offset + rank * per_rank: offset + (rank + 1) * per_rank].tolist()
+        cursor["consumed"] += len(ids)
         if args.record_epoch:
             s.record(samples=ids, epoch=epoch)
         else:
