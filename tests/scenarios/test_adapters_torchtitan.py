@@ -1,0 +1,63 @@
+"""torchtitan 0.3.0's own Trainer under chaos through ``torchtitan.instrument``
+(tests/workloads/titan_train.py: the llama3 debug model, FSDP2, its HF text dataloader over a
+local file, its DCP CheckpointManager every 3 steps, 2 gloo ranks on CPU with the patches of
+``pytest_reshard.adapters.torchtitan_cpu``).
+
+The first test reproduces a real torchtitan resume bug (0.3.0) and asserts that the harness names
+it; the rest are configurations that are correct and must pass every checker.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchtitan", reason="torchtitan is not installed: see the README's torchtitan "
+                                         "section (pip install --no-deps torchtitan==0.3.0 and the "
+                                         "`torchtitan` extra)")
+
+from pytest_reshard import chaos  # noqa: E402
+from pytest_reshard.adapters import torchtitan  # noqa: E402
+
+SCRIPT = Path(__file__).parent.parent / "workloads" / "titan_train.py"
+torchtitan.workload("titan_train", SCRIPT, preload=("pytest_reshard.adapters.torchtitan_cpu",))
+
+# interval 3: steps 2 and 5 save (torchtitan's steps 3 and 6), and the last step 7 (its step 8).
+pytestmark = pytest.mark.reshard(world_size=2, steps=8, timeout=240)
+
+
+@pytest.fixture(autouse=True)
+def _assets(tmp_path_factory):
+    """The tokenizer and the text, written once for the session (the script writes them if the
+    folder is empty)."""
+    os.environ.setdefault("TITAN_ASSETS", str(tmp_path_factory.getbasetemp() / "titan-assets"))
+
+
+def _failed(result, check):
+    v = result.verdicts[check]
+    assert v.status == "fail", f"{check} should fail: {v.status}: {v.message}"
+    return v.message
+
+
+def test_a_clean_run_passes_every_checker(reshard_run):
+    result = reshard_run("titan_train", args=["--full-last-save"])
+    result.assert_ok()
+    saves = sorted({c.step for c in result.history.checkpoints("save")})
+    assert saves == [2, 5, 7], saves
+
+
+def test_a_kill_between_saves_costs_at_most_the_save_interval(reshard_run):
+    result = reshard_run("titan_train", args=["--full-last-save"],
+                         faults=[chaos.kill(rank=1, at_step=4, phase="backward")])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 3   # step-3/, saved after step 2
+
+
+def test_a_restart_after_the_final_save_finds_a_model_only_checkpoint(reshard_run):
+    """torchtitan's default ``last_save_model_only=True``: the final step's ``step-8/`` holds
+    the model alone, yet ``_find_load_step`` takes it as the newest checkpoint to resume, so a
+    job restarted with the same command after that save (rank 1 dies right after it: a
+    teardown that hangs, a node lost) fails to load it: "Missing key in checkpoint
+    state_dict: dataloader.dp_rank_0"."""
+    result = reshard_run("titan_train", faults=[chaos.kill(rank=1, at_step=7, phase="checkpoint_commit")])
+    message = _failed(result, "liveness")
+    assert "Missing key in checkpoint state_dict" in message, message
