@@ -39,15 +39,14 @@ def _failed(result, check):
 
 
 def test_a_clean_run_passes_every_checker(reshard_run):
-    result = reshard_run("titan_train", args=["--full-last-save"])
+    result = reshard_run("titan_train")
     result.assert_ok()
     saves = sorted({c.step for c in result.history.checkpoints("save")})
     assert saves == [2, 5, 7], saves
 
 
 def test_a_kill_between_saves_costs_at_most_the_save_interval(reshard_run):
-    result = reshard_run("titan_train", args=["--full-last-save"],
-                         faults=[chaos.kill(rank=1, at_step=4, phase="backward")])
+    result = reshard_run("titan_train", faults=[chaos.kill(rank=1, at_step=4, phase="backward")])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 3   # step-3/, saved after step 2
 
@@ -61,3 +60,28 @@ def test_a_restart_after_the_final_save_finds_a_model_only_checkpoint(reshard_ru
     result = reshard_run("titan_train", faults=[chaos.kill(rank=1, at_step=7, phase="checkpoint_commit")])
     message = _failed(result, "liveness")
     assert "Missing key in checkpoint state_dict" in message, message
+
+
+def test_a_preemption_saves_and_stops_at_once(reshard_run):
+    result = reshard_run("titan_train", faults=[chaos.preempt(at_step=4, phase="forward")])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 5   # step-5/, saved after step 4
+
+
+def test_a_rank_killed_entering_a_save_resumes_from_the_previous_one(reshard_run):
+    """Rank 1 dies entering the step-5 save; rank 0's DCP save fails at its first collective.
+    ``step-6/`` holds no ``.metadata``, so the loader skips it and resumes from ``step-3/``."""
+    result = reshard_run("titan_train",
+                         faults=[chaos.kill_during_save(at_step=5, boundary="start", rank=1)])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 3
+
+
+def test_a_shift_to_one_rank_is_refused_by_the_dataloader(reshard_run):
+    """2 -> 1: model and optimizer reshard through DCP, but the data loader's state is per data
+    rank and ``ParallelAwareDataloader.load_state_dict`` asserts the same degree ("dataloader
+    resharding is not supported yet"): the resumed job cannot start, and the harness says why."""
+    result = reshard_run("titan_train", faults=[chaos.shift_shards(to_world_size=1, at_step=3)])
+    message = _failed(result, "liveness")
+    assert "dataloader resharding is not supported" in message, message
+    result.assert_no_rewind()
