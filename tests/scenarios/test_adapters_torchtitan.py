@@ -62,8 +62,9 @@ def test_a_restart_after_the_final_save_finds_a_model_only_checkpoint(reshard_ru
     assert "Missing key in checkpoint state_dict" in message, message
 
 
-def test_a_preemption_saves_and_stops_at_once(reshard_run):
-    result = reshard_run("titan_train", faults=[chaos.preempt(at_step=4, phase="forward")])
+def test_a_preemption_of_one_rank_saves_and_stops_every_rank_at_once(reshard_run):
+    """SIGTERM reaches rank 1 alone; the per-step all-reduce tells rank 0, both save step 4."""
+    result = reshard_run("titan_train", faults=[chaos.preempt(at_step=4, phase="forward", rank=1)])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 5   # step-5/, saved after step 4
 
@@ -75,6 +76,23 @@ def test_a_rank_killed_entering_a_save_resumes_from_the_previous_one(reshard_run
                          faults=[chaos.kill_during_save(at_step=5, boundary="start", rank=1)])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 3
+
+
+def test_a_crash_inside_dcps_save_before_its_metadata_resumes_from_the_previous_save(reshard_run,
+                                                                                     tmp_path):
+    """A point inside DCP's own save, reached by the file watcher (DCP's writer untouched):
+    rank 0 is killed before its first file event on ``step-6/.metadata`` (DCP's commit), the
+    shards written. Without ``.metadata`` the loader skips ``step-6/`` and resumes from
+    ``step-3/``, and every checker passes."""
+    from pytest_reshard.session import scenario_from
+    from pytest_reshard.sweep import record
+
+    points = record(scenario_from("titan_train", world_size=2, steps=8), tmp_path / "record",
+                    save_step=5)
+    commit = next(p for p in points if p.mode == "before" and ".metadata" in p.path)
+    result = reshard_run("titan_train", faults=[commit.fault()])
+    result.assert_ok()
+    assert result.history.generations[1].resume_step == 3, commit.describe()
 
 
 def test_a_shift_to_one_rank_is_refused_by_the_dataloader(reshard_run):
