@@ -1,6 +1,6 @@
-"""A user's torchtitan 0.3.0 script: its own Trainer on the llama3 debug model (FSDP2, its HF text
-dataloader, its DCP CheckpointManager), on CPU with gloo, and the one line
-``torchtitan.instrument(trainer)``. Nothing downloads: the tokenizer (a word-level
+"""A user's torchtitan 0.3.0 script: its own Trainer on the llama3 debug model (2 of its 6
+layers; FSDP2, its HF text dataloader, its DCP CheckpointManager), on CPU with gloo, and the one
+line ``torchtitan.instrument(trainer)``. Nothing downloads: the tokenizer (a word-level
 ``tokenizer.json``) and the text (a ``c4_test``-shaped JSON file) are written locally, once.
 
 Options: ``--steps N``, ``--interval K`` (checkpoint interval, 3), ``--full-last-save``
@@ -69,6 +69,7 @@ from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa
 from torchtitan.models.llama3.config_registry import llama3_debugmodel  # noqa: E402
 
 config = llama3_debugmodel()
+config.model_spec.model.layers = config.model_spec.model.layers[:2]  # of 6: CPU time
 # FlexAttention has no CPU backward, and model_registry refuses "sdpa": set it per layer.
 for layer in config.model_spec.model.layers:
     layer.attention.inner_attention = ScaledDotProductAttention.Config()
