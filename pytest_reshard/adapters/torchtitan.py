@@ -32,6 +32,10 @@ What it records, and where (wrapping the trainer's own objects, on the instance)
   ``should_continue_training`` stops the loop;
 - ``max_rewind_steps``: the checkpoint interval.
 
+Under the harness the checkpointer's folder is moved into the run's work folder
+(``<work>/<checkpoint.folder>``, recorded as a ``checkpoint_folder`` note), so the script needs
+no change of its ``dump_folder``.
+
 Private API it touches (pinned: torchtitan >=0.3,<0.4; tested with 0.3.0):
 ``CheckpointManager._should_save`` (asked whether a step saves, answered yes at a planned stop).
 """
@@ -107,6 +111,7 @@ def instrument(trainer: Any, sample_ids: Callable[[dict[str, Any], Any], list[in
                            f"adapter is tested with torchtitan {TESTED}")
     out = Instrumented(trainer, sample_ids, max_rewind_steps)
     trainer._reshard_instrumented = out
+    out.redirect()
     out.wrap()
     return out
 
@@ -124,6 +129,19 @@ class Instrumented:
         self.step: probe.Step | None = None
         self.loss_sum = 0.0
         self.stopping = False
+
+    def redirect(self) -> None:
+        """Under the harness, save and load under the run's work folder (the same folder in
+        every generation, a fresh one per run): the script keeps its own ``dump_folder`` and
+        the clean reference runs do not resume from each other's checkpoints."""
+        workdir = self.run.workdir if self.run.active else None
+        if workdir is None:
+            return
+        ckpt = self.trainer.checkpointer
+        folder = str(Path(workdir) / self.trainer.config.checkpoint.folder)
+        if Path(ckpt.folder).resolve() != Path(folder).resolve():
+            self.run.note("checkpoint_folder", was=str(ckpt.folder), now=folder)
+            ckpt.folder = folder
 
     # -- wrapping --------------------------------------------------------------------------
     def wrap(self) -> None:

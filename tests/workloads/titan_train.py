@@ -17,7 +17,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pytest_reshard.adapters import torchtitan_cpu  # noqa: E402,F401  (before torchtitan.trainer)
 from pytest_reshard.adapters import torchtitan  # noqa: E402
-from pytest_reshard import probe  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=int(os.environ.get("RESHARD_STEPS", 8)))
@@ -74,7 +73,7 @@ config.model_spec.model.layers = config.model_spec.model.layers[:2]  # of 6: CPU
 for layer in config.model_spec.model.layers:
     layer.attention.inner_attention = ScaledDotProductAttention.Config()
 config.hf_assets_path = str(assets / "tokenizer")
-config.dump_folder = str(probe.attach().workdir or Path("titan-out"))
+config.dump_folder = "titan-out"  # under the harness the adapter saves in the run's work folder
 config.dataloader.dataset_path = str(assets / "text")
 config.training = TrainingConfig(local_batch_size=2, seq_len=32, steps=args.steps,
                                  mixed_precision_param="float32", disable_cuda_graphs=True)
