@@ -251,7 +251,7 @@ class Instrumented:
                                        path=str(Path(ckpt.folder) / f"step-{step}"))
 
     def on_step_end(self, s: probe.Step) -> None:
-        loss, stop = reduce_step(self.loss_sum, stop_wanted(self.run))
+        loss, stop = reduce_step(self.loss_sum, stop_wanted(self.run), self.trainer.device)
         s.record(loss=loss * self.world())  # each rank's loss is its share of the global mean
         self.run.end_step()
         if stop and not self.stopping:
