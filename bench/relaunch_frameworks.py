@@ -54,8 +54,8 @@ def register(framework: str) -> str:
 def fault(framework: str) -> chaos.Fault:
     """A planned end after step 2: a shift to 1 rank, or for torchtitan (whose data loader
     refuses another degree) a preemption, relaunched at 2."""
-    if framework == "torchtitan":
-        return chaos.preempt(at_step=2, phase="forward")
+    if framework == "torchtitan":  # 30 s, a spot VM's notice: a cold rank's exit can outlast 10 s
+        return chaos.preempt(at_step=2, phase="forward", grace_s=30)
     return chaos.shift_shards(to_world_size=1, at_step=2)
 
 

@@ -22,7 +22,7 @@ PATCHES = {
               "set to 'cpu' (torch.cpu, plus the memory-statistics calls its metrics make) before other "
               "modules copy it",
     "set_pg_timeouts": "distributed/utils.py calls torch.distributed.set_timeout (absent in torch "
-                       "2.13) after a barrier with device_ids (NCCL only); kept as a plain barrier",
+                       "2.13) after a barrier on an accelerator's device_ids; kept as a plain barrier",
     "fsdp_premul_sum": "distributed/fsdp.py sets FSDP2's gradient divide factor to 1.0, which "
                        "reduce-scatters with PREMUL_SUM, a reduction gloo lacks; on gloo FSDP2 is "
                        "told to reduce with SUM (the same sum, factor 1)",
@@ -83,7 +83,8 @@ def apply() -> None:
         utils.device_type, utils.device_module = "cpu", _cpu_device_module(torch)
 
     # torchtitan/distributed/utils.py set_pg_timeouts: torch.distributed.set_timeout does not
-    # exist in torch 2.13, and barrier(device_ids=...) is NCCL-only (upstream bug on CPU).
+    # exist in torch 2.13 (torchtitan is written against a newer torch), and its barrier passes
+    # an accelerator's device_ids.
     from torchtitan.distributed import utils as dist_utils
 
     if not getattr(dist_utils.set_pg_timeouts, "_reshard_cpu", False):
