@@ -2,10 +2,11 @@
 generation's ranks up (their probe attached) and to its first step.
 
 Runs the same planned reshard (2 -> 1 rank) of each framework script in tests/workloads/ (Hugging
-Face Trainer, Lightning, Accelerate) with the warm fork server, which preloads the framework as
+Face Trainer, Lightning, Accelerate; torchtitan, whose data loader refuses a new world size, is
+preempted instead and relaunched at 2 ranks) with the warm fork server, which preloads the framework as
 the adapter's WorkloadSpec says, and with cold interpreters, interleaved so both see the same
 machine noise; prints the medians and their ratio. Goal: ranks up within 0.5 s with the fork
-server. Usage: python bench/relaunch_frameworks.py [--repeats 3] [--frameworks hf,lightning,accelerate]
+server. Usage: python bench/relaunch_frameworks.py [--repeats 3] [--frameworks hf,lightning,accelerate,torchtitan]
 """
 import argparse
 import statistics
@@ -41,7 +42,21 @@ def register(framework: str) -> str:
 
         accelerate.workload("accelerate_train", WORKLOADS / "accelerate_train.py")
         return "accelerate_train"
-    raise SystemExit(f"unknown framework {framework!r}: hf, lightning, accelerate")
+    if framework == "torchtitan":
+        from pytest_reshard.adapters import torchtitan
+
+        torchtitan.workload("titan_train", WORKLOADS / "titan_train.py",
+                            preload=("pytest_reshard.adapters.torchtitan_cpu",))
+        return "titan_train"
+    raise SystemExit(f"unknown framework {framework!r}: hf, lightning, accelerate, torchtitan")
+
+
+def fault(framework: str) -> chaos.Fault:
+    """A planned end after step 2: a shift to 1 rank, or for torchtitan (whose data loader
+    refuses another degree) a preemption, relaunched at 2."""
+    if framework == "torchtitan":  # 30 s, a spot VM's notice: a cold rank's exit can outlast 10 s
+        return chaos.preempt(at_step=2, phase="forward", grace_s=30)
+    return chaos.shift_shards(to_world_size=1, at_step=2)
 
 
 def main() -> None:
@@ -58,7 +73,7 @@ def main() -> None:
             for i in range(args.repeats):
                 for launcher in up:
                     sc = scenario_from(workload, world_size=2, steps=5, launcher=launcher,
-                                       faults=[chaos.shift_shards(to_world_size=1, at_step=2)])
+                                       faults=[fault(framework)])
                     history = session.execute(sc, Path(tmp) / f"{framework}-{launcher}-{i}")
                     up[launcher].append(relaunch_s(history, "start"))
                     first[launcher].append(relaunch_s(history))
@@ -66,7 +81,7 @@ def main() -> None:
                           f"first step {first[launcher][-1]:.3f} s", flush=True)
             rows.append((framework, *(statistics.median(d[k]) for d in (up, first)
                                       for k in ("fork", "local"))))
-    print(f"\nrelaunch (2 -> 1 rank), median of {args.repeats}, seconds:")
+    print(f"\nrelaunch (2 -> 1 rank; torchtitan 2 -> 2), median of {args.repeats}, seconds:")
     print(f"{'framework':10s} {'ranks up: fork':>15s} {'cold':>6s} {'ratio':>6s}   "
           f"{'first step: fork':>17s} {'cold':>6s}")
     for framework, up_fork, up_cold, first_fork, first_cold in rows:

@@ -9,6 +9,11 @@
     from pytest_reshard.adapters import accelerate  # a loop of your own on Accelerate
     run = accelerate.instrument(accelerator, sample_ids="sample_id")
 
+    from pytest_reshard.adapters import torchtitan  # torchtitan's Trainer
+    torchtitan.instrument(trainer)                  # sample ids: a hash of each packed row
+
+(``torchtitan_cpu`` is not an adapter: importing it patches torchtitan 0.3.0 to run on CPU.)
+
 Each adapter records the steps (``run.begin_step``/``run.end_step``), the loss as the mean over
 ranks, the sample ids, the saves and loads with a digest per rank and per component taken at
 the restore, marks the fault points ``forward``, ``backward``, ``optimizer``, ``checkpoint`` and
