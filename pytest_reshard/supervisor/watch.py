@@ -209,14 +209,19 @@ class Watch:
                 return handed
             pending = self.pending
             if pending is not None and pending.deadline is not None and now > pending.deadline:
-                return pending.missed(sorted(r for r, c in codes.items() if c is None), self.gen)
+                # a rank that recorded its exit is only tearing down (an interpreter's exit
+                # under load takes seconds): the scheduler's SIGKILL ends that, not the run
+                running = [r for r, c in sorted(codes.items())
+                           if c is None and not self.tail.clean_exit(self.gen, r)]
+                return pending.missed(running, self.gen) if running else policy.outcome(codes)
             hung = self.ranks.stopped(codes) if self.failure is None else None
             if hung is not None:
                 self._end_hung(hung, self._hang(Detected.STOPPED, hung,
                                                 since=self.ranks.last_beat(hung)))
                 continue
             limit = sc.stall_s if self.started_training else sc.startup_s
-            if now - self.last_progress > limit and self.failure is None and \
+            closing = all(self.tail.clean_exit(self.gen, r) for r, c in codes.items() if c is None)
+            if now - self.last_progress > limit and self.failure is None and not closing and \
                     (pending is None or pending.deadline is None):
                 # Everyone is alive and silent: blame the rank a hang fault fired on, if any.
                 culprit = self.ranks.faulted(kinds.Ending.HANG)

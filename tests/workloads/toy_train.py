@@ -22,6 +22,8 @@ p.add_argument("--ignore-sigterm-flag", action="store_true",
                help="never asks run.stop_requested(): SIGTERM keeps its default action")
 p.add_argument("--own-sigterm-handler", action="store_true",
                help="installs its own SIGTERM handler before attaching (it must still be called)")
+p.add_argument("--slow-teardown-s", type=float, default=0.0,
+               help="after run.close(), take this long to end (an interpreter's exit under load)")
 p.add_argument("--bug-reshard-after-kill", action="store_true",
                help="bug: a planned reshard within 3 steps of resuming after an unplanned failure "
                     "saves the checkpoint one step short, so the next generation replays a step")
@@ -120,3 +122,7 @@ if rank == 0:
 
 run.close()
 dist.destroy_process_group()
+if args.slow_teardown_s:
+    import time
+
+    time.sleep(args.slow_teardown_s)
