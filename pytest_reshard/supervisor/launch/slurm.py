@@ -49,7 +49,7 @@ from typing import Any, Callable
 from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir
 from pytest_reshard.schedule import kinds
 from pytest_reshard import procfs
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, host_store, LaunchContext, LiveGeneration, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.elastic import _UNSET_FOR_AGENTS
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
@@ -268,10 +268,6 @@ class SlurmLauncher:
         self._tag = uuid.uuid4().hex[:8]  # our steps' names: pytest-reshard-<tag>-g<gen>
 
     def launch(self, specs: Sequence[RankSpec]) -> SlurmGeneration:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
         from pytest_reshard.supervisor.hub import Hub
 
         first, world = specs[0], len(specs)
@@ -287,8 +283,7 @@ class SlurmLauncher:
                 self._hub.close()
             head = head_address(self.allocation.nodes[0])
             self._hub = Hub(run_dir, head)
-            self._store = TCPStore(head, 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+            self._store = host_store(head)
         assert self.per_node is not None
         count = -(-world // self.per_node)  # the fewest nodes that hold it (evenly, for torchrun)
         if world % count:
