@@ -37,6 +37,7 @@ def _rank(tmp_path: Path, hub: Hub, body: str) -> subprocess.Popen:
     script.write_text("import os, sys, time\nfrom pytest_reshard import probe\n"
                       "run = probe.attach()\n" + textwrap.dedent(body))
     env = {**os.environ, Env.DIR: str(tmp_path / "elsewhere" / "run"), Env.HUB: hub.address,
+           Env.HUB_SECRET: hub.secret,
            Env.GENERATION: "0", "RANK": "0", "WORLD_SIZE": "1"}
     return subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE, text=True)
