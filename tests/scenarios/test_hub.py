@@ -3,7 +3,8 @@ oversized, malformed and random ones, beside real rank processes that must carry
 
 What every test asserts in the end: the hub still serves (a rank with the run's secret gets its
 plan), it counts each peer it turned away with the reason and the address, and nothing a peer
-without the secret sent reaches the run folder.
+without the secret sent reaches the run folder. The fuzz tests (Hypothesis) keep to a budget a
+CI run affords: ``FUZZ_EXAMPLES`` examples each, a few seconds in all.
 """
 from __future__ import annotations
 
@@ -19,11 +20,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pytest_reshard.contract import (HUB_PROTOCOL, Env, Ev, Refusal, RunDir, hub_hello, hub_line,
                                      hub_mac, read_jsonl)
 from pytest_reshard.supervisor.hub import MAX_HELLO_LINE, Hub
 
+#: Examples per fuzz test: each is one connection or a few, a few ms on a loaded machine.
+FUZZ_EXAMPLES = 60
+FUZZ = settings(max_examples=FUZZ_EXAMPLES, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
 #: Every wait on the hub is bounded by this (it answers in ms; a loaded CI machine is slower).
 WAIT_S = 30.0
 PLAN = {"seed": 1234, "world_size": 64, "roles": ["trainer"] * 64, "device_map": None,
@@ -358,3 +365,132 @@ def test_a_real_rank_carries_on_beside_forged_peers_and_its_history_is_whole(tmp
     assert steps == list(range(40)) and not torn and 999 not in {e.get("step") for _, e in events}
     assert _reasons(hub) == {Refusal.BAD_CREDENTIALS: forged}
     assert sorted(p.name for p in hub.dir.events.iterdir()) == ["g0-r2.jsonl"]
+
+
+# -- fuzzing ---------------------------------------------------------------------------------
+def test_fuzz_random_bytes_never_reach_the_run_folder(tmp_path):
+    """Any bytes at all, on a fresh connection: refused and counted, the hub serves on."""
+    with _hub(tmp_path) as hub:
+        @FUZZ
+        @given(st.binary(max_size=2 * MAX_HELLO_LINE) | st.lists(
+            st.binary(max_size=64), max_size=8).map(b"\n".join))
+        def one(payload: bytes) -> None:
+            _send_and_close(hub, payload)
+            assert _forged_lines(hub) == [] and not hub.nodes and not hub.beats
+        one()
+        hub.check()
+        _serves(hub)
+
+
+_value = st.none() | st.booleans() | st.integers(-2, 1 << 40) | st.floats() | st.text(max_size=8) \
+    | st.lists(st.integers(), max_size=2)
+
+
+def test_fuzz_hellos_of_the_right_protocol_without_the_secret_bind_nothing(tmp_path):
+    """Hellos of the right protocol as a rank or a node, with random fields, each line cut
+    anywhere (a truncated line), answered with random or missing credentials and followed by
+    events and agent reports: no rank bound, no node view, no events file."""
+    with _hub(tmp_path) as hub:
+        @FUZZ
+        @given(kind=st.sampled_from(["rank", "node"]), fields=st.dictionaries(
+                   st.sampled_from(["gen", "rank", "node", "t", "pid", "host"]), _value),
+               answer=st.none() | st.text(max_size=80) | st.just("0" * 64),
+               cut=st.none() | st.integers(0, 200))
+        def one(kind: str, fields: dict, answer: str | None, cut: int | None) -> None:
+            hello = json.dumps({"hello": kind, "protocol": HUB_PROTOCOL, **fields}).encode()
+            rest = (b"" if answer is None else json.dumps({"mac": answer}).encode()) + b"\n"
+            rest += _event(0, 0) + json.dumps({"ranks": {"0": {"pid": 1, "code": 0}}}).encode()
+            payload = hello + b"\n" + rest + b"\n"
+            _send_and_close(hub, payload if cut is None else payload[:cut])
+            assert _forged_lines(hub) == [] and not hub.nodes and not hub.beats
+        one()
+        _serves(hub)
+
+
+def test_fuzz_interleaved_hellos_of_trusted_and_forged_peers(tmp_path):
+    """Several connections at once, their bytes cut into random pieces and sent in a random
+    interleaving: the trusted ranks' events arrive whole and in order, the forged ones nowhere,
+    whatever the interleaving."""
+    with _hub(tmp_path) as hub:
+        seen = {"rank": 0}
+
+        @FUZZ
+        @given(forged=st.integers(1, 3), pieces=st.lists(st.integers(1, 40), min_size=1,
+                                                         max_size=12), order=st.lists(st.integers(0, 3), max_size=64))
+        def one(forged: int, pieces: list[int], order: list[int]) -> None:
+            rank = seen["rank"] = seen["rank"] + 1  # a rank of its own per example
+            before = _refused(hub)
+            peers = [_connect(hub) for _ in range(1 + forged)]
+            try:
+                # the trusted one answers its challenge first, then its events go out in pieces
+                buf = hub_hello(peers[0], _hello(rank), hub.secret, time.monotonic() + WAIT_S)
+                hub_line(peers[0], buf, time.monotonic() + WAIT_S, "plan")
+                streams = [b"".join(_event(rank, i) for i in range(3))]
+                streams += [json.dumps(_hello(rank)).encode() + b"\n{\"mac\": \"" +
+                            b"ab" * 32 + b"\"}\n" + _event(rank, 99) for _ in range(forged)]
+                cuts = [[] for _ in streams]
+                for i, data in enumerate(streams):
+                    at = 0
+                    for n in pieces * (len(data) // max(1, sum(pieces)) + 1):
+                        if at >= len(data):
+                            break
+                        cuts[i].append(data[at:at + n])
+                        at += n
+                # the interleaving is fixed before anything is sent (``order`` picks the next
+                # peer among those with bytes left): what the hub does changes nothing drawn
+                left = [len(cs) for cs in cuts]
+                schedule = []
+                while any(left):
+                    ready = [k for k, n in enumerate(left) if n]
+                    i = ready[order[len(schedule) % len(order)] % len(ready)] if order else ready[0]
+                    schedule.append(i)
+                    left[i] -= 1
+                closed: set[int] = set()
+                for i in schedule:
+                    piece = cuts[i].pop(0)
+                    if i in closed:
+                        continue
+                    try:
+                        peers[i].sendall(piece)
+                    except OSError:
+                        closed.add(i)  # a forged one the hub already closed
+            finally:
+                for s in peers:
+                    s.close()
+            _until(lambda: (0, rank) in hub.ended and _refused(hub) == before + forged,
+                   f"the trusted end and the forged refusals ({forged} forged, {before} before)",
+                   state=lambda: f"ended: {(0, rank) in hub.ended}, counts: {hub.counts()}, "
+                                 f"errors: {hub.errors}, pending: {hub.pending()}")
+            events, torn = read_jsonl(hub.dir.rank_events(0, rank))
+            assert [e["step"] for _, e in events] == [0, 1, 2] and not torn
+        one()
+        names = {p.name for p in hub.dir.events.iterdir()}
+        assert names == {f"g0-r{r}.jsonl" for r in range(1, seen["rank"] + 1)}
+        assert set(_reasons(hub)) <= {Refusal.BAD_CREDENTIALS, Refusal.CLOSED}
+        hub.check()
+
+
+def test_fuzz_replayed_answers_from_a_trusted_exchange_all_fail(tmp_path):
+    """Capture a trusted rank's exchange (hello line, nonce, answer); replay the answer under
+    any hello a forger might pick, with the captured nonce or a random one: all refused."""
+    with _hub(tmp_path) as hub:
+        line = json.dumps(_hello(1), separators=(",", ":")).encode()
+        with _connect(hub) as s:
+            s.sendall(line + b"\n")
+            buf = bytearray()
+            nonce = json.loads(hub_line(s, buf, time.monotonic() + WAIT_S, "nonce"))["nonce"]
+            mac = hub_mac(hub.secret, nonce, line)
+            s.sendall(json.dumps({"mac": mac}).encode() + b"\n")
+            hub_line(s, buf, time.monotonic() + WAIT_S, "plan")
+
+        @FUZZ
+        @given(rank=st.integers(0, 3), same_line=st.booleans())
+        def one(rank: int, same_line: bool) -> None:
+            hello = line if same_line else json.dumps(_hello(rank)).encode()
+            _send_and_close(hub, hello + b"\n" + json.dumps({"mac": mac}).encode() + b"\n"
+                            + _event(rank, 7))
+        one()
+        _until(lambda: (0, 1) in hub.ended, "the trusted rank's end")
+        assert sorted(p.name for p in hub.dir.events.iterdir()) == ["g0-r1.jsonl"]
+        assert not read_jsonl(hub.dir.rank_events(0, 1))[0]
+        assert set(_reasons(hub)) == {Refusal.BAD_CREDENTIALS}
