@@ -8,6 +8,7 @@ clean reference run fails is a failure of the workload, said first.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,7 +249,26 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
     """The run reached its last step, and nothing died, hung or went silent unexplained.
 
     ``run_dir``: the run's folder; when given, a failing rank's message ends with the last lines
-    of its log (``logs/g{gen}-r{rank}.log``)."""
+    of its log (``logs/g{gen}-r{rank}.log``).
+
+    What the harness's hub kept out is said too: refused connections never reached the history
+    (the verdict stands, and names them); a dropped line of a trusted rank is missing from it, so
+    a pass becomes unknown."""
+    v = _liveness(history, run_dir=run_dir)
+    refused, dropped = history.hub_kept_out()
+    if not refused and not dropped:
+        return v
+    said = "; ".join(dropped + refused)
+    details = {**v.details, "hub_refused": refused, "hub_dropped": dropped}
+    if dropped and v.status == PASS:
+        return Verdict.unknown(v.check, f"the harness's hub dropped what a rank sent, so the "
+                               f"history may lack events: {said}; see the hub's bounds "
+                               "(supervisor/hub.py) and that rank's log", details=details)
+    return dataclasses.replace(v, message=f"{v.message}; the harness's hub: {said}",
+                               details=details)
+
+
+def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
     check = "liveness"
     folder = Path(run_dir) if run_dir is not None else None
     final = history.final_generation

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_reshard.supervisor.launch import RankSpec
+from pytest_reshard.supervisor.launch import RankSpec, host_store
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
 from pytest_reshard.supervisor.launch.local import LocalLauncher
 from pytest_reshard.workloads import WARMUP
@@ -204,18 +204,13 @@ def _run_ranks(args: Sequence[str], world_size: int, workdir: Path, launcher: An
                timeout: float, what: str) -> dict[str, Any]:
     """Start ``world_size`` ranks of this module, wait (bounded) for all of them, return rank 0's
     result. Any failure kills every rank and raises with the log tail."""
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
     launcher = launcher or LocalLauncher()
     tag = f"{what}-w{world_size}-{os.getpid()}-{time.monotonic_ns()}"
     logs = workdir / "logs"
     logs.mkdir(exist_ok=True)
     out = workdir / f"{tag}.json"
     # Like the supervisor, host the store here so ranks never race rank 0 for it.
-    store = TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                     timeout=timedelta(seconds=60))
+    store = host_store("127.0.0.1", world_size)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RESHARD_", "PYTEST_"))}
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), WORLD_SIZE=str(world_size),
                 LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",

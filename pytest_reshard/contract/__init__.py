@@ -19,18 +19,22 @@ probe must not import the supervisor, torch or pytest.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import json
 import os
 import re
+import socket
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "MUTATIONS", "RunDir",
-           "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL", "Torn",
-           "Damaged", "read_jsonl", "write_json", "encode_event", "seal", "decode_event", "name_of",
-           "lost_writes"]
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS",
+           "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL",
+           "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
+           "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
 
 
 class Env:
@@ -46,6 +50,7 @@ class Env:
     ROLE = "RESHARD_ROLE"                  # this rank's role ("trainer", "target", "drafter", ...)
     PORT_RANGE = "RESHARD_PORT_RANGE"      # LO-HI: ports the harness may pick (one range per xdist worker)
     HUB = "RESHARD_HUB"                    # HOST:PORT: the rank is on another machine and reports over TCP
+    HUB_SECRET = "RESHARD_HUB_SECRET"      # the run's secret for the hub's challenge (never on a command line)
     NODE = "RESHARD_NODE"                  # the node (agent) a rank runs under, when agents start the ranks
     SCHEDULER = "RESHARD_SCHEDULER"        # "slurm": the scheduler delivers preemptions, not the rank itself
     JOIN = "RESHARD_JOIN"                  # a rank started to join a live reshard: the generation it changes
@@ -86,6 +91,8 @@ class Ev(str, enum.Enum):
     MEMBER = "member"          # membership mode: action (a ``MemberAction``) and its fields
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation
                                # (job, nodes), each step (gen, name, nodes)
+    HUB = "hub"                # what the hub kept out: refused (reason, host, count), dropped (peer,
+                               # reason, count): lines of an authenticated peer it could not accept
 
     def __str__(self) -> str:
         return self.value
@@ -148,6 +155,23 @@ MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE
              FileOp.RMDIR, FileOp.RMTREE)
 
 
+class Refusal(str, enum.Enum):
+    """Why the hub refused a connection, or dropped a line of a peer that passed its challenge
+    (``Ev.HUB``). The value is the report's wording."""
+
+    BAD_CREDENTIALS = "bad credentials"     # the answer to the challenge was wrong (a forged or replayed hello)
+    NO_CREDENTIALS = "no credentials"       # no answer to the challenge (a peer without the run's secret)
+    PROTOCOL = "another protocol"           # a hello of another ``HUB_PROTOCOL`` (another pytest-reshard)
+    MALFORMED = "malformed line"            # not a JSON object, or a field of the wrong type
+    TOO_LONG = "line too long"              # past the hub's line limit
+    SLOW = "no hello in time"               # the challenge not answered within the hub's hello deadline
+    TOO_MANY = "too many connections"       # past the hub's connection limit
+    CLOSED = "closed before the hello"      # the peer went away before it answered the challenge
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class Cause(str, enum.Enum):
     """How a generation ended (``gen_end``'s ``cause``). A str, so it compares and serialises as
     its value."""
@@ -172,16 +196,78 @@ RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev
 STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
                          Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
-                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER})
+                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
-#: object per line over one TCP connection per process. A rank sends ``{"hello": "rank", "gen",
-#: "rank", "pid", "t"}`` (``t``: its clock, so the hub can move its event times onto the
-#: harness's), reads its generation's plan back as one line, then writes its events exactly as it
-#: would to its events file; a blank line is a heartbeat. A node's agent sends ``{"hello": "node",
-#: "gen", "node", "host"}``, then reports ``{"ranks": {rank: {"pid", "state", "peak", "code"}}}``
-#: (its ranks as its own kernel sees them) and ``{"bye": code}`` when its agent ends; it reads
-#: commands ``{"signal": n, "rank": r}``. The connection closing is the process ending.
-HUB_PROTOCOL = 1
+#: object per line over one TCP connection per process. A peer first says hello: a rank
+#: ``{"hello": "rank", "protocol", "gen", "rank", "pid", "t"}`` (``t``: its clock, so the hub can
+#: move its event times onto the harness's), a node's agent ``{"hello": "node", "protocol", "gen",
+#: "node", "host"}``. The hub answers ``{"nonce": HEX}`` and the peer ``{"mac": HEX}``, the
+#: HMAC-SHA256 under the run's secret (``Env.HUB_SECRET``) of the nonce and its hello line
+#: (``hub_mac``): only a process the harness started holds the secret, and a captured answer is
+#: worth nothing against the next nonce. A wrong answer closes the connection (``Refusal``).
+#: Then a rank reads its generation's plan back as one line and writes its events exactly as it
+#: would to its events file; a blank line is a heartbeat. An agent reports ``{"ranks": {rank:
+#: {"pid", "state", "peak", "code"}}}`` (its ranks as its own kernel sees them) and ``{"bye":
+#: code}`` when its agent ends; it reads commands ``{"signal": n, "rank": r}``. The connection
+#: closing is the process ending.
+HUB_PROTOCOL = 2
+
+
+def hub_mac(secret: str, nonce: str, hello: bytes) -> str:
+    """The answer to the hub's challenge: HMAC-SHA256 under ``secret`` of ``nonce`` and the hello
+    line exactly as sent (without its newline), in hex."""
+    return hmac.new(secret.encode(), nonce.encode() + hello, hashlib.sha256).hexdigest()
+
+
+def hub_line(sock: socket.socket, buf: bytearray, deadline: float, what: str) -> bytes:
+    """The next line from ``sock`` (without its newline), reading with ``recv`` into ``buf``, which
+    keeps what came after it: the one reader of the socket while the hello lasts. The socket's
+    timeout is restored as it was, whatever happens."""
+    before = sock.gettimeout()
+    try:
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no {what} from the harness's hub in time")
+            sock.settimeout(left)
+            chunk = sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError(f"the harness's hub closed the connection before sending "
+                                      f"the {what}: it refused this process (a harness of another "
+                                      f"pytest-reshard version, or not this run's "
+                                      f"{Env.HUB_SECRET}; the harness's report says which)")
+            buf += chunk
+    finally:
+        sock.settimeout(before)
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+def hub_secret(env: Mapping[str, str]) -> str:
+    """The run's secret from a process's environment, checked before it connects to the hub."""
+    secret = env.get(Env.HUB_SECRET)
+    if not secret:
+        raise RuntimeError(f"{Env.HUB_SECRET} is not set: the harness gives its secret to every "
+                           "process it starts on another machine; a process started by hand "
+                           "cannot report to its hub")
+    return secret
+
+
+def hub_hello(sock: socket.socket, hello: Mapping[str, Any], secret: str,
+              deadline: float) -> bytearray:
+    """Say ``hello`` on a fresh connection to the hub and answer its challenge; returns what was
+    read past the challenge (the start of the hub's next line, if any), for the caller's reader."""
+    line = json.dumps(dict(hello), separators=(",", ":")).encode()
+    sock.sendall(line + b"\n")
+    buf = bytearray()
+    challenge = json.loads(hub_line(sock, buf, deadline, "challenge"))
+    nonce = challenge.get("nonce") if isinstance(challenge, dict) else None
+    if not isinstance(nonce, str):
+        raise RuntimeError(f"the harness's hub sent {challenge!r} where its challenge belongs: "
+                           "run the same pytest-reshard on every node")
+    sock.sendall(json.dumps({"mac": hub_mac(secret, nonce, line)}).encode() + b"\n")
+    return buf
 
 RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
 
@@ -347,7 +433,7 @@ def decode_event(raw: bytes) -> dict[str, Any]:
     raw = raw.strip()
     try:
         obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise ValueError(f"not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object per line, got {type(obj).__name__}")

@@ -182,6 +182,24 @@ class History(MembershipQueries):
         return [Abort(e.get("detail"), _opt_float(e.get("t")))
                 for e in self._supervisor if e["ev"] == Ev.ABORT]
 
+    def hub_kept_out(self) -> tuple[list[str], list[str]]:
+        """What the harness's hub kept out of this history (``Ev.HUB``), in words: the
+        connections it refused ("3 connections refused: bad credentials, from 10.77.3.2"), and
+        the lines of peers that had passed its challenge that it dropped (the history lacks
+        those)."""
+        refused: list[str] = []
+        dropped: list[str] = []
+        for e in self.supervisor_events(Ev.HUB):
+            for g in e.get("refused") or []:
+                n = int(g["count"])
+                refused.append(f"{n} connection{'s' if n != 1 else ''} refused: {g['reason']}, "
+                               f"from {', '.join(map(str, g['hosts']))}")
+            for g in e.get("dropped") or []:
+                n = int(g["count"])
+                dropped.append(f"{n} line{'s' if n != 1 else ''} of {g.get('peer', 'a peer')} "
+                               f"(from {', '.join(map(str, g['hosts']))}) dropped: {g['reason']}")
+        return refused, dropped
+
     def deliveries(self) -> list[Delivery]:
         """The planned faults a scheduler delivered (SLURM's scancel)."""
         return [Delivery(int(e["gen"]), e.get("fault_id"), e.get("kind"), e.get("grace_s"),

@@ -52,7 +52,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import HUB_PROTOCOL, Env, Ev, RunDir, encode_event, seal
+from pytest_reshard.contract import (HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
+                                     hub_line, hub_secret, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -66,6 +67,9 @@ PLAN_WAIT_S = 60.0
 HEARTBEAT_S = 0.1
 # Exit code of a rank that ends itself because its supervisor vanished.
 ORPHAN_EXIT = 70
+#: How long a rank on another machine waits for the hub's challenge and then its plan (the hub
+#: refuses a hello not answered within its own deadline, ``hub.HELLO_DEADLINE_S``).
+HELLO_S = 30.0
 #: How long a rank on another machine keeps trying to reach the harness's hub.
 CONNECT_S = 60.0
 #: How long ``live_reshard`` waits for the harness's answer when the notice set no deadline.
@@ -248,7 +252,7 @@ class Run:
         if env.get(Env.JOIN):
             self.joining = LiveChange.read(run_dir.live(int(env[Env.JOIN])), rank=self.rank)
         if env.get(Env.HUB):
-            self._hub = _HubLink(env[Env.HUB], self.generation, self.rank)
+            self._hub = _HubLink(env[Env.HUB], self.generation, self.rank, hub_secret(env))
             plan = self._hub.plan
         else:
             plan = _read_plan(run_dir.plan(self.generation), elastic=env.get(Env.ELASTIC) == "1")
@@ -608,7 +612,7 @@ def _touch(path: Path, supervisor: int, run: Run) -> None:
 class _HubLink:
     """A rank's connection to a harness on another machine (``contract.HUB_PROTOCOL``)."""
 
-    def __init__(self, address: str, gen: int, rank: int) -> None:
+    def __init__(self, address: str, gen: int, rank: int, secret: str) -> None:
         host, _, port = address.rpartition(":")
         deadline = time.monotonic() + CONNECT_S
         while True:
@@ -625,15 +629,17 @@ class _HubLink:
         self._lock = threading.Lock()
         self._soon: collections.deque[bytes] = collections.deque()  # from signal handlers
         self._forked = False
-        self._sock.sendall(json.dumps({"hello": "rank", "protocol": HUB_PROTOCOL, "gen": gen,
-                                       "rank": rank, "pid": os.getpid(),
-                                       "t": time.time()}).encode() + b"\n")
-        reply = self._sock.makefile("rb").readline()
-        if not reply.strip():
-            raise RuntimeError(f"{Env.HUB}={address}: the harness closed the connection "
-                               f"before sending generation {gen}'s plan")
+        hello = {"hello": "rank", "protocol": HUB_PROTOCOL, "gen": gen, "rank": rank,
+                 "pid": os.getpid(), "t": time.time()}
+        deadline = time.monotonic() + HELLO_S
+        try:  # one reader of the socket (``hub_line``) until the plan is in
+            buf = hub_hello(self._sock, hello, secret, deadline)
+            reply = hub_line(self._sock, buf, deadline, f"plan of generation {gen}")
+        except (OSError, ValueError, RuntimeError) as e:
+            self._sock.close()
+            raise RuntimeError(f"{Env.HUB}={address}: {e}") from None
         self.plan: dict[str, Any] = json.loads(reply)
-        self._sock.settimeout(None)
+        self._sock.settimeout(None)  # blocking from here on: each send goes out whole
         os.register_at_fork(after_in_child=self._in_child)
 
     def send(self, data: bytes) -> None:

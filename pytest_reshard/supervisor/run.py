@@ -322,9 +322,4 @@ class Supervisor:
 
 
 def _store(world_size: int) -> Any:
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    return TCPStore("127.0.0.1", 0, world_size, is_master=True, wait_for_workers=False,
-                    timeout=timedelta(seconds=60))
+    return launch.host_store("127.0.0.1", world_size)

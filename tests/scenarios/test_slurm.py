@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,7 @@ def _rank(tmp_path: Path, hub: Hub, body: str) -> subprocess.Popen:
     script.write_text("import os, sys, time\nfrom pytest_reshard import probe\n"
                       "run = probe.attach()\n" + textwrap.dedent(body))
     env = {**os.environ, Env.DIR: str(tmp_path / "elsewhere" / "run"), Env.HUB: hub.address,
+           Env.HUB_SECRET: hub.secret,
            Env.GENERATION: "0", "RANK": "0", "WORLD_SIZE": "1"}
     return subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE,
                             stdin=subprocess.PIPE, text=True)
@@ -200,6 +202,59 @@ def test_a_resume_that_ignores_the_checkpoint_fails_no_rewind_on_slurm(reshard_r
                          faults=[chaos.kill_node(rank=2, at_step=6)], **SLURM)
     assert result.verdicts["no_rewind"].status == "fail", result.verdicts["no_rewind"].message
     assert "replayed" in result.verdicts["no_rewind"].message
+
+
+def _knock(run_dir: Path, times: int, done: list[str]) -> None:
+    """As a process of another job would: find the hub's address (here in the run's record, as
+    a port scan would), say hello as rank 0 with the right protocol, answer the challenge
+    without the secret and write a forged ``end``."""
+    from pytest_reshard.contract import HUB_PROTOCOL
+
+    sup, deadline = run_dir / "events" / "supervisor.jsonl", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        lines = sup.read_text().splitlines() if sup.exists() else []
+        hubs = [json.loads(x)["hub"] for x in lines if '"hub"' in x]
+        if hubs:
+            break
+        time.sleep(0.05)
+    else:
+        done.append("no hub address in the record within 120 s")
+        return
+    host, port = hubs[0].rsplit(":", 1)
+    for _ in range(times):
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(json.dumps({"hello": "rank", "protocol": HUB_PROTOCOL, "gen": 0, "rank": 0,
+                                  "pid": 1, "t": time.time()}).encode() + b"\n")
+            s.sendall(b'{"mac": "' + b"0" * 64 + b'"}\n' + json.dumps(
+                {"ev": "end", "step": 999, "t": time.time(), "gen": 0, "rank": 0}).encode() + b"\n")
+            try:
+                while s.recv(1 << 16):
+                    pass
+            except ConnectionResetError:
+                pass
+    done.append("knocked")
+
+
+def test_forged_hellos_during_a_slurm_run_are_refused_named_and_change_nothing(tmp_path, cluster):
+    """Three connections of a process without the run's secret, during a real run: the verdict
+    names them with the address they came from, and the forged ``end`` is nowhere."""
+    import threading
+
+    from pytest_reshard.checkers.liveness import liveness
+
+    sc = scenario_from("lm", world_size=4, steps=8, max_generations=1, timeout_s=180, **SLURM)
+    done: list[str] = []
+    knocker = threading.Thread(target=_knock, args=(tmp_path / "run", 3, done), daemon=True)
+    knocker.start()
+    with Session(tmp_path) as session:
+        history = session.execute(sc, tmp_path / "run")
+    knocker.join(timeout=60)
+    assert done == ["knocked"]
+    v = liveness(history)
+    assert v.status == "pass", v.message
+    head = os.environ["RESHARD_SLURM_HEAD"]
+    assert f"3 connections refused: bad credentials, from {head}" in v.message, v.message
+    assert not [e for e in history.events if e.get("step") == 999]
 
 
 @pytest.mark.parametrize("fault,kind,code", [

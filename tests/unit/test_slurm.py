@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_reshard.contract import RunDir, read_jsonl
+from pytest_reshard.contract import HUB_PROTOCOL, RunDir, hub_hello, hub_line, read_jsonl
 from pytest_reshard.supervisor.hub import Hub
 
 
@@ -91,11 +91,12 @@ def test_a_node_whose_clock_is_off_has_its_event_times_moved_onto_the_harness_cl
     clock (a correct rank's events then order with every other node's)."""
     import socket
 
-    with socket.create_connection(tuple(hub.address.rsplit(":", 1))) as s:
+    host, port = hub.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port))) as s:
         behind = time.time() - 30.0
-        s.sendall(json.dumps({"hello": "rank", "protocol": 1, "gen": 0, "rank": 0, "pid": 1,
-                              "t": behind}).encode() + b"\n")
-        assert json.loads(s.makefile("rb").readline())["seed"] == 1234
+        buf = hub_hello(s, {"hello": "rank", "protocol": HUB_PROTOCOL, "gen": 0, "rank": 0,
+                            "pid": 1, "t": behind}, hub.secret, time.monotonic() + 30)
+        assert json.loads(hub_line(s, buf, time.monotonic() + 30, "plan"))["seed"] == 1234
         s.sendall(json.dumps({"ev": "begin", "step": 0, "t": behind, "gen": 0,
                               "rank": 0}).encode() + b"\n\n")
     _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the connection close")

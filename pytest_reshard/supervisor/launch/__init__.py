@@ -30,7 +30,8 @@ from pytest_reshard.contract import Cause, Env
 from pytest_reshard import procfs
 
 __all__ = ["RankSpec", "LiveGeneration", "Regrouped", "Launcher", "LaunchContext", "register", "make",
-           "launcher_class", "registered", "facts", "FACTS", "free_port", "parse_port_range", "KILL_WAIT_S"]
+           "launcher_class", "registered", "facts", "FACTS", "free_port", "parse_port_range", "KILL_WAIT_S",
+           "host_store"]
 
 #: How long a killed rank may take to be reaped before we call it a leak.
 KILL_WAIT_S = 10.0
@@ -262,6 +263,25 @@ def free_port() -> int:
 
 
 _next_port = 0
+
+
+def host_store(host: str, world_size: int | None = None, *, timeout_s: float = 60.0) -> Any:
+    """A ``TCPStore`` server the harness hosts, listening on ``host`` only.
+
+    Torch's store has no authentication, and its server listens on every interface of the
+    machine whatever host it is given (``*:PORT``); a store on a socket bound here, handed over
+    with ``master_listen_fd`` (the store owns and closes it), is reachable only where the ranks
+    reach it: loopback for ranks on this machine, the allocation's interface for nodes."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    with socket.create_server((host, 0), backlog=1024) as sock:
+        port = sock.getsockname()[1]
+        store = TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s), master_listen_fd=sock.fileno())
+        sock.detach()  # the store's now
+    return store
 
 
 def wait_until(done: Callable[[], bool], timeout: float, what: str, poll: float = 0.01) -> None:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_reshard.contract import Cause, Env, Ev
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LiveGeneration, LaunchContext, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, host_store, LiveGeneration, LaunchContext, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
 from pytest_reshard.procfs import children, killpg, running
@@ -83,10 +83,6 @@ class ElasticLauncher:
         self._launches = 0
 
     def launch(self, specs: Sequence[RankSpec]) -> ElasticGeneration:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
         from pytest_reshard.supervisor.launch import netns
 
         world = len(specs)
@@ -95,8 +91,7 @@ class ElasticLauncher:
         per_node = world // self.nodes
         if self.network is None:
             self.network = netns.create(self.nodes, self.network_mode)
-            self._store = TCPStore(self.network.head, 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+            self._store = host_store(self.network.head)
             self._note(Ev.NODES, {"mode": self.network.mode, "hosts": self.network.hosts,
                                    "endpoint": f"{self.network.head}:{self._store.port}",
                                    "namespaces": self.network.namespaces,

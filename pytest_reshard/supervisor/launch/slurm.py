@@ -46,10 +46,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir
+from pytest_reshard.contract import HUB_PROTOCOL, Cause, Env, Ev, RunDir, hub_hello, hub_secret
 from pytest_reshard.schedule import kinds
 from pytest_reshard import procfs
-from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, LiveGeneration, RankSpec,
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, host_store, LaunchContext, LiveGeneration, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.elastic import _UNSET_FOR_AGENTS
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
@@ -59,6 +59,8 @@ __all__ = ["SlurmLauncher", "SlurmGeneration", "slurm_unavailable"]
 #: c10d rendezvous settings: every agent of a step joins at once (``--nnodes=k``), nobody waits
 #: past 60 s; the harness hosts the store, so no node's loss takes it down.
 RDZV_CONF = "is_host=false,join_timeout=60,last_call_timeout=1,close_timeout=10"
+#: How long a node agent waits for the hub's challenge (the hub's own deadline is shorter).
+HELLO_S = 30.0
 #: How often a node agent reports its ranks (its own heartbeat, too).
 REPORT_S = 0.02
 #: States in which a node takes no new step (``scontrol show node``'s State, before any ``+``).
@@ -264,14 +266,11 @@ class SlurmLauncher:
         self.allocation: Allocation | None = None
         self.per_node: int | None = None
         self._hub: Any = None
+        self._hub_seen: Any = None  # the hub's counts at its last record
         self._store: Any = None
         self._tag = uuid.uuid4().hex[:8]  # our steps' names: pytest-reshard-<tag>-g<gen>
 
     def launch(self, specs: Sequence[RankSpec]) -> SlurmGeneration:
-        from datetime import timedelta
-
-        from torch.distributed import TCPStore
-
         from pytest_reshard.supervisor.hub import Hub
 
         first, world = specs[0], len(specs)
@@ -284,11 +283,12 @@ class SlurmLauncher:
         run_dir = RunDir(Path(first.env[Env.DIR]))
         if self._hub is None or self._hub.dir != run_dir:
             if self._hub is not None:
+                self.note_hub()
                 self._hub.close()
             head = head_address(self.allocation.nodes[0])
             self._hub = Hub(run_dir, head)
-            self._store = TCPStore(head, 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))
+            self._hub_seen = self._hub.counts()
+            self._store = host_store(head)
         assert self.per_node is not None
         count = -(-world // self.per_node)  # the fewest nodes that hold it (evenly, for torchrun)
         if world % count:
@@ -306,7 +306,8 @@ class SlurmLauncher:
         env = {k: v for k, v in first.env.items() if k not in _UNSET_FOR_AGENTS and
                not (k.startswith("SLURM_") and k != "SLURM_CONF")}
         env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712
-                   **{Env.HUB: self._hub.address, Env.SCHEDULER: "slurm"})
+                   **{Env.HUB: self._hub.address, Env.SCHEDULER: "slurm",
+                      Env.HUB_SECRET: self._hub.secret})  # srun hands it on; never on argv
         if os.environ.get("RESHARD_SLURM_IFNAME"):
             env["GLOO_SOCKET_IFNAME"] = os.environ["RESHARD_SLURM_IFNAME"]
         name = f"pytest-reshard-{self._tag}-g{gen}"
@@ -328,8 +329,20 @@ class SlurmLauncher:
                                   "rendezvous": endpoint})
         return SlurmGeneration(self, srun, gen, world, nodes, name)
 
+    def note_hub(self, gen: int | None = None) -> None:
+        """Record what the hub kept out since the last record (``Ev.HUB``), if anything: the
+        report names each refused connection's reason and address."""
+        if self._hub is None:
+            return
+        what = self._hub.summary(self._hub_seen)
+        self._hub_seen = self._hub.counts()
+        if what["refused"] or what["dropped"]:
+            self._note(Ev.HUB, {"launcher": "slurm", "hub": self._hub.address,
+                                **({"gen": gen} if gen is not None else {}), **what})
+
     def close(self) -> None:
         if self._hub is not None:
+            self.note_hub()
             self._hub.close()
             self._hub = None
         self._store = None
@@ -438,6 +451,7 @@ class SlurmGeneration(LiveGeneration):
             self._srun.wait(timeout=KILL_WAIT_S)
         wait_until(lambda: not self._alloc.steps(self.name), 30.0, f"SLURM step {self.name}",
                    poll=0.1)
+        self._launcher.note_hub(self.gen)
         skew = {f"{g}/{r}": round(o, 4) for (g, r), o in self._hub.offsets.items() if g == self.gen}
         if skew:
             self._launcher._note(Ev.NODES, {"launcher": "slurm", "gen": self.gen,
@@ -472,17 +486,23 @@ class _Reporter:
 
     def __init__(self, hub: str, gen: int) -> None:
         host, _, port = hub.rpartition(":")
+        secret = hub_secret(os.environ)
         self.sock = socket.create_connection((host, int(port)), timeout=30)
-        self.sock.settimeout(None)
         self.node = int(os.environ.get("SLURM_NODEID", "0"))
         self.host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         self.lock = threading.Lock()
         self.ranks: dict[int, int] = {}        # pid -> rank
         self.codes: dict[int, int] = {}        # pid -> exit code (negative: a signal)
         self.peaks: dict[int, int] = {}
-        self._buf = b""
-        self.send({"hello": "node", "protocol": HUB_PROTOCOL, "gen": gen, "node": self.node,
-                   "host": self.host})
+        try:  # before any other thread uses the socket: ``hub_hello`` is its one reader
+            buf = hub_hello(self.sock, {"hello": "node", "protocol": HUB_PROTOCOL, "gen": gen,
+                                        "node": self.node, "host": self.host},
+                            secret, time.monotonic() + HELLO_S)
+        except BaseException:
+            self.sock.close()
+            raise
+        self._buf = bytes(buf)  # commands that came with the challenge (none yet: kept anyway)
+        self.sock.settimeout(None)  # blocking, as ``send`` and ``_commands`` expect
 
     def send(self, obj: dict[str, Any] | None = None) -> None:
         """Send ``obj``, or (None) a report of every rank as the kernel sees it now."""

@@ -131,8 +131,10 @@ class Membership(Relaunch):
             from torchft._torchft import LighthouseServer  # only when asked: torchft is optional
 
             opts = {**LIGHTHOUSE_DEFAULTS, **scenario.lighthouse}
-            self.lighthouse = LighthouseServer(bind="[::]:0", **opts)
-            self.address = self.lighthouse.address()
+            # loopback only (its ranks run on this machine; it has no authentication), and an
+            # address that says so: ``address()`` names the host, which may resolve elsewhere
+            self.lighthouse = LighthouseServer(bind="127.0.0.1:0", **opts)
+            self.address = f"http://127.0.0.1:{self.lighthouse.address().rsplit(':', 1)[1]}"
             record(Ev.MEMBER, action=MemberAction.LIGHTHOUSE, address=self.address, **opts)
         self.gen = -1
         self.specs: dict[int, RankSpec] = {}
