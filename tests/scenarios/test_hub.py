@@ -177,7 +177,7 @@ def test_a_replayed_answer_is_worth_nothing_against_the_next_nonce(hub):
             assert _closed_by_hub(s)
     _until(lambda: _refused(hub) == 2, "two refusals")
     assert _reasons(hub) == {Refusal.BAD_CREDENTIALS: 2}
-    events, _ = read_jsonl(hub.dir.rank_events(0, 5))
+    events, _, _ = read_jsonl(hub.dir.rank_events(0, 5))
     assert [e["step"] for _, e in events] == [0]  # only what the trusted rank sent
 
 
@@ -360,7 +360,7 @@ def test_a_real_rank_carries_on_beside_forged_peers_and_its_history_is_whole(tmp
         rank.kill()
         rank.wait(timeout=30)
     _until(lambda: (0, 2) in hub.ended, "the rank's end")
-    events, torn = read_jsonl(hub.dir.rank_events(0, 2))
+    events, torn, _ = read_jsonl(hub.dir.rank_events(0, 2))
     steps = [e["step"] for _, e in events if e["ev"] == Ev.END]
     assert steps == list(range(40)) and not torn and 999 not in {e.get("step") for _, e in events}
     assert _reasons(hub) == {Refusal.BAD_CREDENTIALS: forged}
@@ -461,7 +461,7 @@ def test_fuzz_interleaved_hellos_of_trusted_and_forged_peers(tmp_path):
                    f"the trusted end and the forged refusals ({forged} forged, {before} before)",
                    state=lambda: f"ended: {(0, rank) in hub.ended}, counts: {hub.counts()}, "
                                  f"errors: {hub.errors}, pending: {hub.pending()}")
-            events, torn = read_jsonl(hub.dir.rank_events(0, rank))
+            events, torn, _ = read_jsonl(hub.dir.rank_events(0, rank))
             assert [e["step"] for _, e in events] == [0, 1, 2] and not torn
         one()
         names = {p.name for p in hub.dir.events.iterdir()}
