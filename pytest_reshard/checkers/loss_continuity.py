@@ -483,10 +483,11 @@ class _Case:
             what = "world size" if len(a.a) != len(a.b) else "topology"
             text = (f"training depends on the {what}: {a.describe()}, so steps {steps} of "
                     f"generations that crossed {what}s cannot be judged against a clean run "
-                    f"(first: step {row.step}, {self.dev_text(row)}); hold the global batch and "
-                    "the learning rate fixed across world sizes (and draw dropout per sample, not "
-                    "per rank) to make the loss comparable, or rely on state_equivalence (digests "
-                    "of the state loaded after the reshard)")
+                    f"(first: step {row.step}, {self.dev_text(row)}); the loss is comparable "
+                    f"across {what}s only where nothing depends on the {what}: the global batch, "
+                    "the learning rate, dropout drawn per rank, the order the data loader deals "
+                    "samples to ranks; rely on state_equivalence (digests of the state loaded "
+                    "after the reshard) for the rest")
         elif row.why == "nondeterministic":
             w = max(self.window.values(), default=0.0)
             text = (f"the workload is not bit-exact at one world size: before any fault, "

@@ -423,7 +423,8 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
     got = load.digest[comp]
     # The evidence first: the loaded state is some other saved state.
     for (g, r, s), rec in sorted(saves.items(), key=lambda kv: (-kv[0][2], kv[0][0], kv[0][1])):
-        if rec.digest.get(comp) == got and (s != load.step or r != load.rank):
+        if rec.digest.get(comp) == got and rec.index < load.index and \
+                (s != load.step or r != load.rank):   # a save made after the load explains nothing
             if s != load.step:
                 return (f"what was loaded is the {comp} saved for step {s} (generation {g}, rank "
                         f"{r}): the load read another step's checkpoint, or a file the step-"
@@ -445,6 +446,10 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
     per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)
     savers_ = sorted(savers.get((src_gen, load.step), ()))
     where = "at a new world size" if resharded else "at the same world size"
+    if comp == "rng":
+        return (f"each rank saved its own RNG state; rank {load.rank} loaded {where} holds "
+                "another: a rank that looks for its file under another name (one file per rank "
+                "at one world size, one file at another) keeps the RNG it was seeded with")
     if per_rank or len(digests) > 1:
         return (f"each rank saved its own {comp} (per-rank state, a ZeRO-style shard); loaded "
                 f"{where} it must come back to the rank it belongs to"
@@ -469,9 +474,10 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
                 "load (device mesh, placements)")
     if comp == "optimizer":
         return (f"every rank took part in saving it (a sharded save) and it was loaded {where}: "
-                "save and load sharded optimizer state through "
-                "torch.distributed.checkpoint.state_dict (get_state_dict/set_state_dict); the raw "
-                "optimizer.state_dict() of a sharded model is not the whole state")
+                "the raw optimizer.state_dict() of a sharded model is not the whole state (save "
+                "and load it through torch.distributed.checkpoint.state_dict's get_state_dict/"
+                "set_state_dict); where it already is, compare how its state is sharded at save "
+                "and at load, and whether the optimizer it is loaded into is the one that steps")
     return (f"the checkpoint does not round-trip it {where}: save it with the checkpoint and "
             "restore it on load")
 

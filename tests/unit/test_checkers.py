@@ -224,7 +224,7 @@ def test_loss_continuity_is_unknown_when_training_depends_on_the_world_size() ->
     assert v.message.startswith("training depends on the world size: the clean runs at 2 ranks "
                                 "and 3 ranks differ by 0.0791 from step 1 on (their loss moved ")
     assert "steps 13..19 of generations that crossed world sizes cannot be judged" in v.message
-    assert "hold the global batch and the learning rate fixed across world sizes" in v.message
+    assert "only where nothing depends on the world size: the global batch, the learning rate" in v.message
     assert "generation 0 (2 ranks, steps 0..12): identical to the clean run" in v.message
     # the global batch changes with the world size: apart from step 0, before any update
     refs = [clean_run(world_size=2), clean_run(world_size=3, loss=lambda s: default_loss(s) + 0.07)]
@@ -749,3 +749,29 @@ def test_state_equivalence_reports_no_drop_without_a_shrink_or_when_a_survivor_t
     assert took.status == "fail" and "ranks read each other's" in took.message, took
     assert [d.split(" in generation")[0] for d in took.details["dropped"]] == \
         ["data_pos (per-rank) saved by rank 2"], took.details
+
+
+def test_a_hint_never_blames_a_save_made_after_the_load() -> None:
+    """A wrong model loaded at step 4 goes on to be saved at step 8: that later save holds what
+    was loaded, and is no 'other step's checkpoint' the load read."""
+    wrong = {**DIGEST, "model": "zzzz"}
+    b = Builder(steps=10)
+    b.gen(run=range(5), cause="failure", saves={4: DIGEST})
+    b.gen(resume=5, run=range(5, 10), load=(4, wrong), saves={8: wrong})
+    v = state_equivalence(b.history())
+    assert v.status == "fail" and "model" in v.message, v.message
+    assert "step 8" not in v.message and "another step's checkpoint" not in v.message, v.message
+
+
+def test_a_per_rank_rng_hint_speaks_of_file_names_not_zero_shards() -> None:
+    b = Builder(steps=8)
+    b.gen(run=range(4), cause="failure")
+    for r in range(2):   # each rank saves its own RNG stream at step 3
+        b.rank(0, r, "ckpt_save", step=3, digest={"rng": f"rng{r}"}, per_rank=["rng"])
+    b.gen(resume=4, cause=None)
+    for r in range(2):   # and loads one it was seeded with, before its first step
+        b.rank(1, r, "ckpt_load", step=3, digest={"rng": "seeded"}, per_rank=["rng"])
+    b.sup("gen_end", gen=1, cause="complete", planned=False, fault_id=None, detail="")
+    v = state_equivalence(b.history())
+    assert v.status == "fail" and "rng" in v.message.lower(), v.message
+    assert "ZeRO" not in v.message and "file under another name" in v.message, v.message
