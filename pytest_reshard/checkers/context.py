@@ -171,6 +171,10 @@ def _unfinished(clean: History, size: Any) -> str | None:
     its world size in words when it has no scenario record). The one place that decides it."""
     from pytest_reshard.checkers.liveness import clean_problem  # liveness registers on import
 
+    if clean.damaged:
+        d = clean.damaged[0]
+        return (f"the clean reference run's history is damaged at {d.file}:{d.line} ({d.why}), so "
+                "it cannot be compared with")
     problem = clean_problem(clean)
     if problem is None:
         return None

@@ -26,6 +26,7 @@ that starts a new epoch (a data loader draws from the RNG to build the epoch's i
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +63,9 @@ def _per_rank(c: Checkpoint) -> set[str]:
 
 
 def _is_rng(component: str) -> bool:
-    name = component.lower()
-    return "rng" in name or "random" in name or "generator" in name
+    """A random stream's state (``rng``, ``cuda_rng_state``, ``torch_random_state``,
+    ``generator``); not a sampler's or a data generator's position."""
+    return re.fullmatch(r"(\w+_)?(rng|random|generator)(_state)?", component.lower()) is not None
 
 
 def _group(history: History, kind: str, *, earliest: bool) -> dict[tuple[int, int, int], _Record]:
@@ -446,7 +448,7 @@ def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resha
     per_rank = comp in load.per_rank or any(comp in rec.per_rank for rec in recorded)
     savers_ = sorted(savers.get((src_gen, load.step), ()))
     where = "at a new world size" if resharded else "at the same world size"
-    if comp == "rng":
+    if _is_rng(comp):
         return (f"each rank saved its own RNG state; rank {load.rank} loaded {where} holds "
                 "another: a rank that looks for its file under another name (one file per rank "
                 "at one world size, one file at another) keeps the RNG it was seeded with")

@@ -36,6 +36,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import errno
 import functools
@@ -274,7 +275,7 @@ class Run:
             self._fd = os.open(run_dir.rank_events(self.generation, self.rank),
                                os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             self._write = self._append
-            path = run_dir.heartbeat(self.generation, self.rank)
+            path = self._heartbeat = run_dir.heartbeat(self.generation, self.rank)
             path.touch()
             supervisor = int(env.get(Env.SUPERVISOR_PID, 0))
             beat = functools.partial(_touch, path, supervisor, self)
@@ -293,9 +294,13 @@ class Run:
         try:
             if os.write(self._fd, line) == len(line):
                 return
-            self.lost = errno.ENOSPC
+            lost = errno.ENOSPC
         except OSError as e:
-            self.lost = e.errno or errno.EIO
+            lost = e.errno or errno.EIO
+        if not self.lost:   # said at once: the rank may end before its next beat
+            self.lost = lost
+            with contextlib.suppress(OSError):
+                os.utime(self._heartbeat, (lost, time.time()))
 
     def emit(self, ev: Ev, **fields: Any) -> None:
         """Write one event of this rank (the executors' way to record what they did)."""

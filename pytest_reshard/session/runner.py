@@ -19,6 +19,7 @@ from pytest_reshard.result import Result
 from pytest_reshard.session.artifacts import OWNER_FILE, _Lock, lock_artifacts, run_dir_of
 from pytest_reshard.session.references import ReferenceRuns, _Background
 from pytest_reshard.supervisor.launch.fork import ForkLauncher
+from pytest_reshard.supervisor.outcome import HarnessError
 from pytest_reshard.supervisor.run import Supervisor
 from pytest_reshard.supervisor.scenario import Scenario
 from pytest_reshard.supervisor.watch import Status
@@ -96,7 +97,15 @@ class Session(ReferenceRuns):
             shown = (name or run_dir.name).split("::")[-1]
             sup.on_status = lambda st: status(dataclasses.replace(st, name=shown))
         sup.run(replay=replay)
-        return History.load(run_dir)
+        history = History.load(run_dir)
+        if history.damaged:   # not judged: no verdict, not even an unknown that allow_unknown passes
+            d = history.damaged[0]
+            raise HarnessError(f"pytest-reshard: not judged: the run's history is damaged at "
+                               f"{d.file}:{d.line}: {d.why}" + (f" (and {len(history.damaged) - 1} "
+                               "more lines)" if len(history.damaged) > 1 else "") + "; an event "
+                               "file changed after the harness wrote it (a failing disk, another "
+                               "process writing into the run folder); run it again")
+        return history
 
     def run(self, scenario: Scenario, name: str, *, replay: str = "") -> Result:
         run_dir = self.run_dir_of(name)

@@ -34,6 +34,7 @@ dicts the thread updates. Nothing it records needs a shared file system: only th
 from __future__ import annotations
 
 import collections
+import errno
 import hmac
 import ipaddress
 import json
@@ -49,6 +50,7 @@ from typing import Any, TypeAlias, cast
 
 from pytest_reshard.contract import (HUB_PROTOCOL, Refusal, RunDir, decode_event, encode_event,
                                      hub_mac, name_of)
+from pytest_reshard.supervisor.outcome import REFUSED_WRITE, HarnessError
 
 __all__ = ["Hub", "NodeView", "CLOCK_SLACK_S", "MAX_LINE", "MAX_HELLO_LINE", "HELLO_DEADLINE_S",
            "MAX_CONNECTIONS", "MAX_PENDING"]
@@ -145,6 +147,8 @@ class Hub:
         self.nodes: dict[tuple[int, int], NodeView] = {}  # (gen, node) -> its agent's view
         self.offsets: dict[tuple[int, int], float] = {}  # (gen, rank) -> seconds added to its t
         self.errors: list[str] = []
+        #: The errno of a rank's line the run folder refused (full, read-only), else 0.
+        self.refused_write = 0
         self.refused: Counts = collections.Counter()   # connections closed before they were trusted
         self.dropped: Counts = collections.Counter()   # lines of trusted peers that never reached the run folder
         self._counting = threading.Lock()  # the counts are copied from other threads
@@ -174,6 +178,8 @@ class Hub:
         """Raise if the hub cannot be trusted any more: its thread died, or it failed to serve
         (every later verdict would blame the workload for the harness's fault). A bad peer is
         not the hub's failure: it is refused or its line dropped, and named (``summary``)."""
+        if self.refused_write:
+            raise HarnessError.refused(self.dir.root, self.refused_write, "the hub")
         if self.errors:
             raise RuntimeError(f"the hub at {self.address}: {'; '.join(self.errors[:3])}")
         if not self._thread.is_alive() and not self._closed:
@@ -238,6 +244,11 @@ class Hub:
                         self._read(conn)
                     except _Refuse as e:
                         self._refuse(conn, e.reason)
+                    except OSError as e:
+                        if e.errno not in REFUSED_WRITE:
+                            raise
+                        self.refused_write = e.errno   # the run folder, not the peer: no verdict
+                        self._end(conn, time.time())
                     except Exception as e:  # noqa: BLE001 - one bad peer must not stop the rest
                         self.errors.append(f"{conn.name()} from {conn.host}:{conn.port}: "
                                            f"{type(e).__name__}: {e}")
@@ -327,7 +338,7 @@ class Hub:
         if conn.kind == "rank":
             if conn.fd >= 0:
                 if conn.buf and not conn.skipping:  # a line torn by a kill mid-send: kept, as a
-                    os.write(conn.fd, conn.buf)     # torn file line is (the history tolerates it)
+                    _append(conn.fd, conn.buf)      # torn file line is (the history tolerates it)
                 os.close(conn.fd)
                 conn.fd = -1
             self.ended[conn.key] = now
@@ -366,7 +377,7 @@ class Hub:
                 if offset:  # its node's clock, moved onto ours
                     event["t"] = round(float(event["t"]) + offset, 6)
                     line = encode_event(event)[:-1]
-                os.write(conn.fd, line + b"\n")
+                _append(conn.fd, line + b"\n")
         else:
             report = _object(line)
             if report is None or not self._report(conn, report):
@@ -447,6 +458,12 @@ def _object(line: bytes) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return obj if isinstance(obj, dict) else None
+
+
+def _append(fd: int, data: bytes) -> None:
+    """One line onto a rank's events file; a short write is a full file system."""
+    if os.write(fd, data) != len(data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def _event(line: bytes) -> dict[str, Any] | None:

@@ -94,9 +94,12 @@ class Supervisor:
         try:
             self._run(replay)
         except OSError as e:
-            raise (self._refused(e) or e) from e
+            refused = self._refused(e)
+            if refused is None:
+                raise
+            raise refused from e
         fs = os.statvfs(self.run_dir)   # full or read-only now: a rank's last write may be lost
-        if fs.f_flag & os.ST_RDONLY or (fs.f_blocks and not fs.f_bavail):
+        if fs.f_flag & os.ST_RDONLY or (fs.f_blocks and not fs.f_bfree):   # f_bfree: root's too
             raise HarnessError.refused(self.run_dir, errno.EROFS if fs.f_flag & os.ST_RDONLY
                                        else errno.ENOSPC, "a rank or the supervisor")
 

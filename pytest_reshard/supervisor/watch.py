@@ -220,7 +220,10 @@ class Watch:
                                                 since=self.ranks.last_beat(hung)))
                 continue
             limit = sc.stall_s if self.started_training else sc.startup_s
-            closing = all(self.tail.clean_exit(self.gen, r) for r, c in codes.items() if c is None)
+            alive = [r for r, c in codes.items() if c is None]
+            closing = bool(alive) and all(self.tail.clean_exit(self.gen, r) for r in alive)
+            if closing and now - self.last_progress > limit:
+                return policy.outcome(codes)   # done, but slow to end: ended as a scheduler would
             if now - self.last_progress > limit and self.failure is None and not closing and \
                     (pending is None or pending.deadline is None):
                 # Everyone is alive and silent: blame the rank a hang fault fired on, if any.

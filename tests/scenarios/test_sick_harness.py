@@ -118,3 +118,24 @@ def test_a_harness_killed_outright_leaves_no_process_port_or_namespace(tmp_path:
 def _namespaces() -> str:
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     return listed.stdout
+
+
+def test_another_process_writing_into_the_events_file_is_not_judged(tmp_path: Path) -> None:
+    """A line appended to a rank's events file by someone else (here: the script itself) is
+    damage: the run is a harness error, so no allow_unknown can turn it into a pass."""
+    script = tmp_path / "meddles.py"
+    script.write_text(
+        "import os\nfrom pytest_reshard import probe\nrun = probe.attach()\n"
+        "run.resumed(0, source='fresh')\nfor step in range(4):\n"
+        "    with run.step(step) as s:\n"
+        "        s.record(loss=1.0 / (step + 1))\n"
+        "    if step == 1 and os.environ.get('RESHARD_DIR'):\n"
+        "        path = os.path.join(os.environ['RESHARD_DIR'], 'events',\n"
+        "                            f\"g{run.generation}-r{run.rank}.jsonl\")\n"
+        "        with open(path, 'a') as f:\n"
+        "            f.write('{\"ev\": \"end\", \"step\": 3}\\n')\n"
+        "run.close()\n")
+    with Session(tmp_path / "art") as session:
+        with pytest.raises(HarnessError, match=r"not judged: the run's history is damaged at "
+                                               r".*g0-r0\.jsonl:\d+: it has no checksum"):
+            session.run(scenario_from(str(script), world_size=1, steps=4, timeout_s=60), "meddles")

@@ -775,3 +775,12 @@ def test_a_per_rank_rng_hint_speaks_of_file_names_not_zero_shards() -> None:
     v = state_equivalence(b.history())
     assert v.status == "fail" and "rng" in v.message.lower(), v.message
     assert "ZeRO" not in v.message and "file under another name" in v.message, v.message
+
+
+def test_only_a_random_streams_state_counts_as_an_rng() -> None:
+    from pytest_reshard.checkers.state_equivalence import _is_rng
+
+    assert all(_is_rng(n) for n in ("rng", "cuda_rng_state", "torch_random_state", "generator",
+                                    "numpy_random"))
+    assert not any(_is_rng(n) for n in ("random_sampler", "data_generator_position", "strongly",
+                                        "sampler"))

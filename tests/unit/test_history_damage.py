@@ -102,3 +102,15 @@ def test_damage_never_turns_a_verdict_into_an_unearned_pass(intact, tmp_path_fac
     unearned = {name for name, status in after.items()
                 if status == "pass" and before.get(name) != "pass"}
     assert not unearned, (path.name, at, how, before, after)
+
+
+def test_a_damaged_clean_run_is_no_reference(tmp_path: Path) -> None:
+    from pytest_reshard.checkers.context import _unfinished
+
+    b = Builder(steps=4)
+    b.gen(run=range(4))
+    folder = b.write(tmp_path)
+    path = folder / "events" / "g0-r0.jsonl"
+    path.write_bytes(path.read_bytes().replace(b'"step":2,', b'"step":7,', 1))
+    why = _unfinished(History.load(folder), "2 ranks")
+    assert why is not None and "damaged at" in why and "g0-r0.jsonl" in why, why

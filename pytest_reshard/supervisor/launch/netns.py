@@ -91,10 +91,14 @@ class Network:
             self._state = None
         self.namespaces = [None] * len(self.namespaces)
         self._links = []
-        if self._reaper is not None:   # its pipe closes with its stdin: it finds nothing to do
-            self._reaper.stdin.close()  # type: ignore[union-attr]  # Popen(stdin=PIPE)
-            self._reaper.wait(timeout=30)
-            self._reaper = None
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:   # its pipe closes with its stdin: it finds nothing to do
+            reaper.stdin.close()  # type: ignore[union-attr]  # Popen(stdin=PIPE)
+            try:
+                reaper.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                reaper.kill()
+                reaper.wait()
 
     def __enter__(self) -> Network:
         return self

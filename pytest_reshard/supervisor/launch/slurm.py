@@ -283,8 +283,8 @@ class SlurmLauncher:
         run_dir = RunDir(Path(first.env[Env.DIR]))
         if self._hub is None or self._hub.dir != run_dir:
             if self._hub is not None:
+                self._hub.close()   # first: what it drops until its thread ends is counted too
                 self.note_hub()
-                self._hub.close()
             head = head_address(self.allocation.nodes[0])
             self._hub = Hub(run_dir, head)
             self._hub_seen = self._hub.counts()
@@ -342,8 +342,8 @@ class SlurmLauncher:
 
     def close(self) -> None:
         if self._hub is not None:
-            self.note_hub()
             self._hub.close()
+            self.note_hub()
             self._hub = None
         self._store = None
         if self.allocation is not None:
