@@ -41,8 +41,7 @@ class EventTail:
                     ev = decode_event(line)
                 except ValueError:
                     continue   # damaged: the history names it, and nothing is judged
-                if not (isinstance(ev.get("gen"), int) and isinstance(ev.get("rank"), int)
-                        and isinstance(ev.get("ev"), str)):
+                if not ("ev" in ev and isinstance(ev.get("gen"), int) and isinstance(ev.get("rank"), int)):
                     continue   # the same
                 self.by_rank.setdefault((ev["gen"], ev["rank"]), []).append(ev)
                 self._unseen.append(ev)
