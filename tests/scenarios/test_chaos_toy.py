@@ -102,8 +102,8 @@ def test_a_rank_still_tearing_down_when_the_grace_ends_is_not_a_failure(reshard_
     """Every rank saved and recorded its exit within the grace period, but its process takes
     longer to end (as torch's teardown does on a loaded machine): the scheduler's SIGKILL ends
     it, and the preemption is a planned end, not 'still running when the grace period ran out'."""
-    result = reshard_run(toy, args=["--slow-teardown-s", "30"],
-                         faults=[chaos.preempt(at_step=3, grace_s=2.0)])
+    result = reshard_run(toy, args=["--slow-teardown-s", "6"],
+                         faults=[chaos.preempt(at_step=3, grace_s=1.5)])
     result.assert_ok()
     g0 = result.history.generations[0]
     assert (g0.cause, g0.planned) == ("preempt", True), (g0.cause, g0.detail)

@@ -11,6 +11,7 @@ from pytest_reshard.chaos.suites.dflash import SCENARIOS, THREE_ONE, TWO_TWO
 pytestmark = pytest.mark.reshard(world_size=4, steps=12, timeout=120)
 
 
+@pytest.mark.nightly   # the same scenarios as `pytest-reshard dflash`, which the nightly runs
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_suite_scenario_passes(reshard_run, name):
     result = reshard_run("dflash", **SCENARIOS[name])

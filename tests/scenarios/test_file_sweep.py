@@ -1,8 +1,7 @@
 """The file-event sweep end to end, on real processes and real files.
 
-- The bundled LM's DCP save and the pipeline's save at 4 ranks, killed at every file event (the
-  ``files`` suite, collected here too): every crash passes every checker, every flipped byte is
-  caught.
+- (The bundled LM's DCP save and the pipeline's save, killed at every file event, are the ``files``
+  suite: ``pytest-reshard files``, which the nightly workflow runs.)
 - A user's script (``workloads/ckpt_train.py``) with a correct atomic save passes its sweep; each of
   its four planted bugs fails ``crash_consistency`` with the message that names it.
 - The plugin's matrix, ``sweep.json`` and the smallest failing point's replay command.
@@ -13,9 +12,6 @@ import pytest
 import torch  # noqa: F401 - imported once here, not in each rank's first test
 
 from pytest_reshard import chaos
-from pytest_reshard.chaos.suites.files import (  # noqa: F401 - collected: the bundled sweeps
-    test_dflash_save_survives_a_crash_at_every_file_event,
-    test_lm_dcp_save_survives_a_crash_at_every_file_event)
 from pytest_reshard.session import scenario_from
 from pytest_reshard.sweep import record
 

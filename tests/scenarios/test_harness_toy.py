@@ -58,7 +58,7 @@ def test_unplanned_silent_hang_fails_liveness(reshard_run, toy):
         result.assert_live()
 
 
-@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("local", marks=pytest.mark.nightly), "torchrun"])
 def test_other_launchers_run_the_same_scenario(reshard_run, toy, launcher):
     result = reshard_run(toy, launcher=launcher, steps=10,
                          faults=[chaos.shift_shards(to_world_size=2, at_step=4, notice_s=20)])

@@ -11,6 +11,7 @@ pytestmark = pytest.mark.reshard(world_size=4, steps=10, timeout=180)
 RESHARD = [chaos.shift_shards(to_world_size=3, at_step=4, phase="optimizer", notice_s=20)]
 
 
+@pytest.mark.nightly   # the same scenarios as `pytest-reshard catalog`, which the nightly runs
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_every_injector_in_the_catalog_passes(reshard_run, name):
     reshard_run("lm", **SCENARIOS[name]).assert_ok()

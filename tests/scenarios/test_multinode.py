@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,10 +57,18 @@ def test_nodes_are_separate_hosts_that_reach_each_other_and_vanish_on_close():
 
 @pytest.mark.skipif(NETNS_MISSING is not None, reason=str(NETNS_MISSING))
 def test_a_creator_killed_before_close_leaves_nothing_for_long(tmp_path):
-    """SIGKILL the process that made a network: the next create() sweeps it away."""
-    code = ("from pytest_reshard.supervisor.launch import netns; import os; n = netns.create(1, mode='netns'); "
-            "print(n.namespaces[0], flush=True); os._exit(0)")
-    name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    """SIGKILL the process that made a network: its reaper removes it; and where the reaper was
+    killed too, the next create() sweeps it away."""
+    made = ("from pytest_reshard.supervisor.launch import netns; import os, signal; "
+            "n = netns.create(1, mode='netns'); print(n.namespaces[0], flush=True); ")
+    name = subprocess.run([sys.executable, "-c", made + "os._exit(0)"], capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+    deadline = time.monotonic() + 30
+    while name in _links_and_namespaces():
+        assert time.monotonic() < deadline, f"the reaper did not remove {name} within 30 s"
+        time.sleep(0.05)
+    name = subprocess.run([sys.executable, "-c", made + "os.kill(n._reaper.pid, signal.SIGKILL); "
+                           "n._reaper.wait(); os._exit(0)"], capture_output=True, text=True,
                           timeout=60).stdout.strip()
     assert name and name in _links_and_namespaces()
     assert name in netns.sweep_stale()

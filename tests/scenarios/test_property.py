@@ -68,6 +68,7 @@ def test_correct_toy_passes_every_checker_on_generated_schedules(session):
 # test's source, so any edit here would change them). About one generated schedule in five
 # hits the bug: about 60% of seeds find it within the ci profile's 10 examples (nightly's 50
 # examples almost always do); this seed finds it at the third example.
+@pytest.mark.nightly   # 50 s on 2 cores: the nightly workflow runs the project's nightly tests
 def test_property_finds_reshard_after_kill_and_shrinks_it(session, tmp_path):
     failing = []  # (schedule, result) of every failing run, in order
 
