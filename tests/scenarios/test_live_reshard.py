@@ -42,6 +42,7 @@ def test_live_reshard_that_keeps_the_old_shard_map_is_caught(reshard_run):
     assert result.verdicts["loss_continuity"].status == "fail", result.verdicts["loss_continuity"]
 
 
+@pytest.mark.nightly   # a refusal, on a real torchrun run (12 s); the nightly workflow runs it
 def test_live_reshard_needs_a_launcher_that_keeps_processes(reshard_run):
     result = reshard_run("lm", args=["--live"], launcher="torchrun",
                          faults=[chaos.shift_shards(to_world_size=3, at_step=3, notice_s=30)])

@@ -196,6 +196,7 @@ def test_a_drain_from_two_nodes_to_one_runs_the_next_step_on_the_node_left(resha
     # the `cluster` fixture checks that the drained node was resumed at the end
 
 
+@pytest.mark.nightly   # no_rewind's fail case runs on every PR through the local launchers
 @pytest.mark.reshard(world_size=4, steps=10, timeout=240)
 def test_a_resume_that_ignores_the_checkpoint_fails_no_rewind_on_slurm(reshard_run, cluster):
     result = reshard_run("lm", args=["--bug", "restart_from_zero"],
@@ -259,7 +260,8 @@ def test_forged_hellos_during_a_slurm_run_are_refused_named_and_change_nothing(t
 
 @pytest.mark.parametrize("fault,kind,code", [
     (chaos.kill, "died", -signal.SIGKILL),
-    (chaos.crash_silently, "exited_early", 0),  # the code is read on its node, as its parent
+    pytest.param(chaos.crash_silently, "exited_early", 0,  # the code is read on its node
+                 marks=pytest.mark.nightly),
     (chaos.hang, "stopped", None),               # its node's kernel says T
 ])
 def test_a_remote_rank_is_named_killed_silent_or_stopped_from_its_nodes_report(

@@ -139,7 +139,8 @@ def test_two_groups_killed_in_a_row_both_heal(reshard_run, torchft_train):
     _judged_honestly(result)
 
 
-@pytest.mark.parametrize("world, groups", [(4, 2), (3, 3)], ids=["2x2_ddp_inside", "3x1"])
+@pytest.mark.parametrize("world, groups", [(4, 2), pytest.param(3, 3, marks=pytest.mark.nightly)],
+                         ids=["2x2_ddp_inside", "3x1"])
 def test_kill_one_group_of_several_layouts_heals(reshard_run, torchft_train, world, groups):
     """Two groups of two ranks (data parallel inside each group too), and three groups."""
     result = reshard_run(torchft_train, world_size=world, replica_groups=groups,
