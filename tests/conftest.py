@@ -1,5 +1,7 @@
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +27,40 @@ def nothing_leaks(request):
         time.sleep(0.05)
     left = processes.leaked_ranks(os.getpid())
     assert not left, f"processes still alive after {request.node.nodeid}: {left}"
+
+
+def until(done, timeout: float, what: str) -> None:
+    """Wait for ``done()``, at most ``timeout`` seconds (then fail saying ``what``)."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        time.sleep(0.01)
+
+
+def text_of(path: Path) -> str:
+    """A file's text, or "" while it does not exist yet."""
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def harness_training(tmp_path: Path, run: Path, scenario: str, ranks: int) -> subprocess.Popen:
+    """A harness in a process of its own running ``scenario_from(<scenario>)`` into ``run``,
+    returned once every one of its ``ranks`` began a step (for a test that kills it)."""
+    code = ("from pathlib import Path\nfrom pytest_reshard.session import Session, scenario_from\n"
+            f"with Session(Path({str(tmp_path / 'art')!r})) as s:\n"
+            f"    s.execute(scenario_from({scenario}), Path({str(run)!r}))\n")
+    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        until(lambda: all('"ev":"begin"' in text_of(run / "events" / f"g0-r{r}.jsonl")
+                          for r in range(ranks)), 120, "every rank trained")
+    except BaseException:
+        harness.kill()
+        harness.wait(timeout=30)
+        raise
+    return harness
 
 
 def ports_of(run_dir):

@@ -8,6 +8,14 @@ from typing import Any, Iterable
 from pytest_reshard import probe
 
 
+def attach() -> probe.Run:
+    """This rank's probe, with a SIGTERM turned into a flag from here on (in and out of the
+    harness): what every adapter starts with."""
+    run = probe.attach()
+    run.stop_requested()
+    return run
+
+
 def rng_state() -> dict[str, Any]:
     """This process's random state as frameworks save it: Python's, NumPy's, torch's (CPU, and
     every CUDA device when there is one)."""

@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from pytest_reshard import probe
-from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
+from pytest_reshard.adapters._common import (attach, reduce_step, require_version, rng_digest,
+                                             stop_wanted)
 
 __all__ = ["instrument", "workload", "AccelerateRun", "SUPPORTED", "TESTED", "PRELOAD", "MARKER"]
 
@@ -128,8 +129,7 @@ class AccelerateRun:
         self.accelerator = accelerator
         self.sample_ids = sample_ids
         self.save_every = save_every
-        self.run = probe.attach()
-        self.run.stop_requested()
+        self.run = attach()
         self.counter = _Counter()
         self.stopping = False
         self.current: _Step | None = None

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pytest_reshard import probe
-from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
+from pytest_reshard.adapters._common import (attach, reduce_step, require_version, rng_digest,
+                                             stop_wanted)
 
 __all__ = ["instrument", "workload", "SUPPORTED", "TESTED", "PRELOAD"]
 
@@ -106,8 +107,7 @@ def _make_callback(transformers: Any) -> type:
             self.trainer = trainer
             self.sample_ids = sample_ids
             self.max_rewind_steps = max_rewind_steps
-            self.run = probe.attach()
-            self.run.stop_requested()  # SIGTERM sets a flag from here on, in and out of the harness
+            self.run = attach()
             self.step: probe.Step | None = None
             self.loss_sum = 0.0
             self.pending_load: dict[str, str] | None = None  # digests taken at the restore

@@ -59,7 +59,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pytest_reshard import probe
-from pytest_reshard.adapters._common import reduce_step, require_version, rng_digest, stop_wanted
+from pytest_reshard.adapters._common import (attach, reduce_step, require_version, rng_digest,
+                                             stop_wanted)
 
 # F822: ReshardCallback is built on first access (__getattr__), so importing this needs no lightning
 __all__ = ["ReshardCallback", "workload", "output_dir", "SUPPORTED", "TESTED",  # noqa: F822
@@ -159,8 +160,7 @@ def _make(pl: Any) -> type:
             self.sample_ids = sample_ids
             self.max_rewind_steps = max_rewind_steps
             self.last_name = last_name
-            self.run = probe.attach()
-            self.run.stop_requested()   # SIGTERM sets a flag from here on
+            self.run = attach()
             self.step: probe.Step | None = None
             self.loss_sum = 0.0
             self.loaded_step: int | None = None

@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from pytest_reshard import probe
-from pytest_reshard.adapters._common import distributed, reduce_step, require_version, stop_wanted
+from pytest_reshard.adapters._common import (attach, distributed, reduce_step, require_version,
+                                             stop_wanted)
 
 __all__ = ["instrument", "workload", "token_ids", "SUPPORTED", "TESTED", "PRELOAD"]
 
@@ -124,8 +125,7 @@ class Instrumented:
         self.trainer = trainer
         self.sample_ids = sample_ids
         self.max_rewind_steps = max_rewind_steps
-        self.run = probe.attach()
-        self.run.stop_requested()  # SIGTERM sets a flag from here on, in and out of the harness
+        self.run = attach()
         self.step: probe.Step | None = None
         self.loss_sum = 0.0
         self.stopping = False

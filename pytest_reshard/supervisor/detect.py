@@ -143,9 +143,8 @@ class RankWatch:
         for rank, code in codes.items():
             if code is not None:
                 continue
-            events = loop.tail.events(loop.gen, rank)
-            if events and name_of(events[-1]) == Ev.EXIT:
-                continue  # closed: its interpreter is exiting, and the heartbeat with it
+            if loop.tail.closed(loop.gen, rank):
+                continue  # its interpreter is exiting, and the heartbeat with it
             state = loop.live.state(rank, pids.get(rank))
             if state == "T":
                 since = self.stopped_since.setdefault(rank, mono)

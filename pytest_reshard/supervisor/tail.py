@@ -56,6 +56,10 @@ class EventTail:
 
     def clean_exit(self, gen: int, rank: int) -> bool:
         self.poll(gen)
+        return self.closed(gen, rank)
+
+    def closed(self, gen: int, rank: int) -> bool:
+        """The rank's last event read so far is its exit (its interpreter is ending)."""
         evs = self.events(gen, rank)
         return bool(evs) and name_of(evs[-1]) == Ev.EXIT
 

@@ -212,7 +212,7 @@ class Watch:
                 # a rank that recorded its exit is only tearing down (an interpreter's exit
                 # under load takes seconds): the scheduler's SIGKILL ends that, not the run
                 running = [r for r, c in sorted(codes.items())
-                           if c is None and not self.tail.clean_exit(self.gen, r)]
+                           if c is None and not self.tail.closed(self.gen, r)]
                 return pending.missed(running, self.gen) if running else policy.outcome(codes)
             hung = self.ranks.stopped(codes) if self.failure is None else None
             if hung is not None:
@@ -221,7 +221,7 @@ class Watch:
                 continue
             limit = sc.stall_s if self.started_training else sc.startup_s
             alive = [r for r, c in codes.items() if c is None]
-            closing = bool(alive) and all(self.tail.clean_exit(self.gen, r) for r in alive)
+            closing = bool(alive) and all(self.tail.closed(self.gen, r) for r in alive)
             if closing and now - self.last_progress > limit:
                 return policy.outcome(codes)   # done, but slow to end: ended as a scheduler would
             if now - self.last_progress > limit and self.failure is None and not closing and \

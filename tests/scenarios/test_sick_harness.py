@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from pytest_reshard.probe import HEARTBEAT_S, Run
 from pytest_reshard.session import Session, scenario_from
 from pytest_reshard.supervisor import HarnessError
 
-from ..conftest import ports_of
+from ..conftest import harness_training, ports_of, text_of, until
 
 
 @pytest.fixture
@@ -69,20 +68,6 @@ def test_the_probe_keeps_training_when_its_events_file_refuses_a_write(small_fs:
     run.close()
 
 
-def _until(done, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
-        time.sleep(0.05)
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 @pytest.mark.parametrize("launcher,extra", [("fork", {}), ("local", {}), ("torchrun", {}),
                                             ("elastic", {"nodes": 2})])
 def test_a_harness_killed_outright_leaves_no_process_port_or_namespace(tmp_path: Path, toy: str,
@@ -92,27 +77,21 @@ def test_a_harness_killed_outright_leaves_no_process_port_or_namespace(tmp_path:
     rank, fork server, torchrun agent, store port or network namespace of its run outlives it
     (the ranks' heartbeats find their supervisor gone; namespaces have a reaper)."""
     run = tmp_path / "run"
-    code = ("from pathlib import Path\nfrom pytest_reshard.session import Session, scenario_from\n"
-            f"with Session(Path({str(tmp_path / 'art')!r})) as s:\n"
-            f"    s.execute(scenario_from({toy!r}, world_size=2, steps=100_000, "
-            f"launcher={launcher!r}, timeout_s=300, **{extra!r}), Path({str(run)!r}))\n")
-    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    harness = harness_training(tmp_path, run, f"{toy!r}, world_size=2, steps=100_000, "
+                               f"launcher={launcher!r}, timeout_s=300, **{extra!r}", ranks=2)
     try:
-        _until(lambda: all('"ev":"begin"' in _text(run / "events" / f"g0-r{r}.jsonl")
-                           for r in range(2)), 120, "every rank trained")
         ours = procfs.started_by(harness.pid)
         assert ours, "no process of the run found"
         ports = ports_of(run)
-        namespaces = [n for e in map(json.loads, _text(run / "events" / "supervisor.jsonl")
+        namespaces = [n for e in map(json.loads, text_of(run / "events" / "supervisor.jsonl")
                                      .splitlines()) if e["ev"] == "nodes"
                       for n in e.get("namespaces") or ()]
     finally:
         harness.kill()
         harness.wait(timeout=30)
-    _until(lambda: not procfs.started_by(harness.pid), 30, "every process of the run gone")
-    _until(lambda: not any(procfs.listening(p) for p in ports), 30, "every port of the run closed")
-    _until(lambda: not any(n in _namespaces() for n in namespaces), 30, "its namespaces removed")
+    until(lambda: not procfs.started_by(harness.pid), 30, "every process of the run gone")
+    until(lambda: not any(procfs.listening(p) for p in ports), 30, "every port of the run closed")
+    until(lambda: not any(n in _namespaces() for n in namespaces), 30, "its namespaces removed")
 
 
 def _namespaces() -> str:

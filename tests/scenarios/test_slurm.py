@@ -24,12 +24,7 @@ from pytest_reshard.probe import ORPHAN_EXIT
 from pytest_reshard.session import Session, scenario_from
 from pytest_reshard.supervisor.hub import Hub
 
-
-def _until(done, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
-        time.sleep(0.01)
+from ..conftest import harness_training, until
 
 
 def _rank(tmp_path: Path, hub: Hub, body: str) -> subprocess.Popen:
@@ -75,7 +70,7 @@ def test_a_rank_elsewhere_gets_its_plan_and_reports_over_the_hub_and_its_end_is_
     """)
     try:
         assert rank.stdout.readline().strip() == "1234"  # the plan came over the wire
-        _until(lambda: (0, 0) in hub.ended, 30, "the hub saw the rank end")
+        until(lambda: (0, 0) in hub.ended, 30, "the hub saw the rank end")
         assert rank.wait(timeout=30) == 0
         events, torn, damaged = read_jsonl(hub.dir.rank_events(0, 0))
         kinds = [e["ev"] for _, e in events]
@@ -295,25 +290,14 @@ def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_
     agents kill what is left on their nodes, and salloc, whose command reads a pipe only the
     harness held, gives the allocation back (no waiting for its time limit)."""
     run = tmp_path / "run"
-    code = ("from pathlib import Path\nfrom pytest_reshard.session import Session, scenario_from\n"
-            f"with Session(Path({str(tmp_path / 'art')!r})) as s:\n"
-            "    s.execute(scenario_from('lm', world_size=4, steps=400, launcher='slurm', "
-            f"nodes=2, timeout_s=300), Path({str(run)!r}))\n")
-    harness = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    harness = harness_training(tmp_path, run, "'lm', world_size=4, steps=400, launcher='slurm', "
+                               "nodes=2, timeout_s=300", ranks=4)
     try:
-        _until(lambda: all('"ev":"begin"' in _text(run / "events" / f"g0-r{r}.jsonl")
-                           for r in range(4)), 120, "every rank trained")
         assert _squeue()
     finally:
         harness.kill()
         harness.wait(timeout=30)
-    _until(lambda: not _squeue() and not _node_processes(), 30,
+    until(lambda: not _squeue() and not _node_processes(), 30,
            "the allocation and every process on the nodes gone")
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
