@@ -41,7 +41,8 @@ What ``instrument`` does (public Accelerate API only; tested with accelerate 1.1
   the step it was taken after and a load says which step it restored;
 - wraps, on the instance, ``prepare`` (each prepared optimizer's ``step`` gets the
   ``optimizer`` fault point), ``backward`` (``backward``), ``save_state`` (``checkpoint``
-  before, ``checkpoint_commit`` after this rank's files, then a barrier, the ``saved`` event,
+  before, the ``saving`` record with the digests, ``checkpoint_commit`` after this rank's
+  files, then a barrier, the ``saved`` event,
   and a ``reshard-complete`` marker rank 0 writes last) and ``load_state`` (the ``loaded``
   event with the digests taken right after the restore);
 - digests per rank, per component: ``model``, ``optimizer``, ``lr_scheduler`` (every prepared
@@ -300,6 +301,7 @@ class AccelerateRun:
             self.run.point("checkpoint", step=step)
             rng = rng_digest()          # what random_states_{rank}.pkl will hold
             digest = self.digests(rng)
+            self.run.checkpoint_saving(step, digest, per_rank=PER_RANK)
             out = save_state(output_dir, *args, **kwargs)
             self.run.point("checkpoint_commit", step=step)
             a.wait_for_everyone()       # every rank's part is on disk

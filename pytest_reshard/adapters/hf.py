@@ -19,7 +19,9 @@ What it records, and where (public ``TrainerCallback`` hooks unless said otherwi
   inside a checkpoint save, after the save's one collective, so a rank killed there leaves the
   others writing) and ``checkpoint_commit`` (after this rank's RNG file, before rank 0 writes
   ``trainer_state.json``, the file a resume needs);
-- saves (``on_save``, once the files are written) and loads (at the restore: after the Trainer
+- saves (``on_save``, once the files are written; each rank's ``saving`` record with its RNG's
+  digest just before it writes its RNG file, so a rank killed after that file is still judged)
+  and loads (at the restore: after the Trainer
   restored model, optimizer, scheduler and state and, in ``_load_rng_state``, the RNG), with a
   digest per rank of ``model``, ``optimizer``, ``lr_scheduler``, ``rng`` (this rank's Python,
   NumPy and torch generators), ``data`` (epoch and samples into it: where the data stream
@@ -186,9 +188,11 @@ def _make_callback(transformers: Any) -> type:
 
             def wrapped_save_rng(*args: Any, **kwargs: Any) -> Any:
                 self.saved_rng = rng_digest()   # exactly what the file holds
+                step = t.state.global_step - 1
+                self.run.checkpoint_saving(step, {"rng": self.saved_rng}, per_rank=PER_RANK)
                 out = save_rng(*args, **kwargs)
                 if self.run.active:
-                    self.run.point("checkpoint_commit", step=t.state.global_step - 1)
+                    self.run.point("checkpoint_commit", step=step)
                 return out
 
             def wrapped_load_rng(*args: Any, **kwargs: Any) -> Any:

@@ -28,9 +28,10 @@ instance at ``setup``):
   (entering ``Trainer.save_checkpoint``, before the state is gathered) and
   ``checkpoint_commit`` (entering ``Strategy.save_checkpoint``: the state is gathered, rank 0
   has not written the file yet);
-- saves: the digests are taken of the checkpoint dict itself (``on_save_checkpoint``), and the
-  save is recorded only when ``Trainer.save_checkpoint`` has returned on this rank (after its
-  barrier: rank 0 has written the file) and the file exists;
+- saves: the digests are taken of the checkpoint dict itself (``on_save_checkpoint``, where
+  each rank records that it is ``saving``), and the save is recorded only when
+  ``Trainer.save_checkpoint`` has returned on this rank (after its barrier: rank 0 has written
+  the file) and the file exists;
 - loads: at the first ``on_train_epoch_start`` after the restore (model, optimizers, LR
   schedulers and loops restored; the data iterator not built yet), with a digest per rank of
   ``model``, ``optimizer``, ``lr_scheduler``, ``rng`` (this rank's Python, NumPy and torch
@@ -249,6 +250,8 @@ def _make(pl: Any) -> type:
                 checkpoint.get("lr_schedulers"),
                 {"global_step": checkpoint.get("global_step"), "epoch": checkpoint.get("epoch")},
                 self.data_position(trainer.current_epoch, self.batches, trainer), rng_digest())
+            self.run.checkpoint_saving(trainer.global_step - 1, self.pending_save,
+                                       per_rank=PER_RANK)
 
         def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
             self.loaded_step = int(checkpoint.get("global_step", 0)) - 1

@@ -20,7 +20,8 @@ What it records, and where (wrapping the trainer's own objects, on the instance)
   rank: files and ``.metadata`` written, the save not yet recorded). Inside the DCP save the
   file watcher's points (``kill_at_file_event``, the sweep) reach every write and rename
   without touching DCP's writer;
-- saves (once ``CheckpointManager.save`` wrote one) and the load (``CheckpointManager.load``
+- saves (the digests taken as ``CheckpointManager.save`` begins, recorded as ``saving``, and
+  as the save once it wrote one) and the load (``CheckpointManager.load``
   returned), each with the digests of what the checkpoint holds: ``model`` (gathered),
   ``optimizer`` (gathered), ``lr_scheduler``, ``train_state`` (step, tokens seen) and
   ``data`` (this rank's data-loader state: per rank). torchtitan saves no RNG, and the
@@ -200,13 +201,16 @@ class Instrumented:
             return bool(should_save(curr_step, last_step)) or (self.stopping and not ckpt.load_only)
 
         def wrapped_save(curr_step: int, last_step: bool = False) -> Any:
-            will = ckpt._should_save(curr_step, last_step)
-            if will and self.run.active:
+            will = ckpt._should_save(curr_step, last_step) and self.run.active
+            model_only = bool(last_step and ckpt.last_save_model_only)
+            digest = self.digests(model_only) if will else {}   # a collective: before the save
+            if will:
                 self.run.point("checkpoint", step=curr_step - 1)
+                self.run.checkpoint_saving(curr_step - 1, digest, per_rank=PER_RANK)
             done = save(curr_step, last_step)
-            if done and self.run.active:
+            if done and will:
                 self.run.point("checkpoint_commit", step=curr_step - 1)
-                self.on_save(curr_step, model_only=bool(last_step and ckpt.last_save_model_only))
+                self.on_save(curr_step, digest, model_only=model_only)
             return done
 
         def wrapped_should_continue() -> bool:
@@ -259,7 +263,7 @@ class Instrumented:
             self.run.note("planned_stop", step=s.step,
                           reason="reshard" if self.run.reshard_requested() else "sigterm")
 
-    def on_save(self, curr_step: int, *, model_only: bool) -> None:
+    def on_save(self, curr_step: int, digest: dict[str, str], *, model_only: bool) -> None:
         path = Path(self.trainer.checkpointer.folder) / f"step-{curr_step}"
-        self.run.checkpoint_saved(curr_step - 1, self.digests(model_only), per_rank=PER_RANK,
+        self.run.checkpoint_saved(curr_step - 1, digest, per_rank=PER_RANK,
                                   path=str(path), world_size=self.world(), model_only=model_only)

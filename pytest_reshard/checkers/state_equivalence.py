@@ -34,7 +34,7 @@ from pytest_reshard.checkers._text import _fault_before, _previous, _summarise
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import FileOp
-from pytest_reshard.history import Checkpoint, History
+from pytest_reshard.history import LOAD, SAVE, SAVING, Checkpoint, History
 from pytest_reshard.verdict import Verdict
 
 _ADVICE = ("call run.checkpoint_saved(step, digest) and run.checkpoint_loaded(step, digest) with "
@@ -155,9 +155,10 @@ def state_equivalence(history: History) -> Verdict:
         return Verdict.unknown(check, never)
     gens = history.generations
     first_gen = min(gens, default=0)
-    loads = {k: r for k, r in _group(history, "load", earliest=True).items()
+    loads = {k: r for k, r in _group(history, LOAD, earliest=True).items()
              if r.digest or r.expected}
-    every_save = _group(history, "save", earliest=False)
+    every_save = _group(history, SAVE, earliest=False)
+    begun = {k: r for k, r in _group(history, SAVING, earliest=False).items() if r.digest}
     saves = {k: r for k, r in every_save.items() if r.digest}
     savers: dict[tuple[int, int], set[int]] = {}   # (gen, step) -> ranks that recorded a save
     for g, r, st in every_save:
@@ -233,9 +234,17 @@ def state_equivalence(history: History) -> Verdict:
             if comp in per_rank:
                 mine = sorted((g for g, r, _ in earlier if r == rank and comp in
                                earlier[(g, r, step)].digest), reverse=True)
+                writing = sorted((g for (g, r, st), b in begun.items() if r == rank and
+                                  st == step and g < gen and comp in b.digest), reverse=True)
                 if mine:
                     baseline[comp] = (earlier[(mine[0], rank, step)].digest[comp],
                                       f"saved by rank {rank} in generation {mine[0]}", mine[0])
+                elif writing:
+                    # it began writing that save and never recorded its end: compare with what
+                    # it was writing (a file it never finished cannot hold it)
+                    baseline[comp] = (begun[(writing[0], rank, step)].digest[comp],
+                                      f"being saved by rank {rank} in generation {writing[0]} "
+                                      "(a save it never recorded as done)", writing[0])
                 elif _killed_while_writing(history, rank, gen, step):
                     # killed at a file event of that save after it had written files: its
                     # record of the save is missing, its file may not be

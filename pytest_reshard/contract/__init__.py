@@ -72,6 +72,8 @@ class Ev(str, enum.Enum):
     NOTICE = "notice"          # a planned reshard's notice reached the rank: kind, to_world_size, deadline
     SIGNAL = "signal"          # a signal the probe saw: signal
     REQUEST = "request"        # the workload asks to drain: to_world_size, reason, grace_s
+    CKPT_SAVING = "ckpt_saving"  # a rank begins writing its part of a save: step, digest (of
+                                 # what it is about to write)
     CKPT_SAVE = "ckpt_save"    # a completed save of the state after step: step, digest
     CKPT_LOAD = "ckpt_load"    # a completed load of that state: step, digest
     MEMORY = "memory"          # the workload's device memory: peak, budget

@@ -20,7 +20,8 @@ from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery
                                             ScenarioRecord, Signal, StepError, StepSpan, Exit,
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
                                             Begun, Saved, as_enum, decode, fault_fired,
-                                            file_event, file_trail, LOAD, SAVE)
+                                            file_event, file_trail, LOAD, SAVE,
+                                            SAVING)
 
 __all__ = ["History"]
 
@@ -485,10 +486,13 @@ class History(MembershipQueries):
     def checkpoints(self, kind: str | None = None, *, gen: int | None = None,
                     rank: int | None = None) -> list[Checkpoint]:
         """The ``"save"`` or ``"load"`` events (both when ``kind`` is None; of ``gen``, of
-        ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded."""
-        kinds = {Ev.CKPT_SAVE: SAVE, Ev.CKPT_LOAD: LOAD}
+        ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded;
+        ``"saving"``: a rank's record that it began writing its part of a save."""
+        kinds = {Ev.CKPT_SAVING: SAVING, Ev.CKPT_SAVE: SAVE, Ev.CKPT_LOAD: LOAD}
         if kind is not None and kind not in kinds.values():
             raise KeyError(kind)
+        if kind is None:
+            kinds.pop(Ev.CKPT_SAVING)
         return [Checkpoint(kind=kinds[e["ev"]], gen=int(e["gen"]), rank=int(e["rank"]),
                            step=int(e["step"]), digest=dict(e.get("digest") or {}),
                            expected=dict(e["expected"]) if e.get("expected") else None,

@@ -87,14 +87,14 @@ class Occurrence:
 
 
 #: A ``Checkpoint``'s ``kind``.
-SAVE, LOAD = "save", "load"
+SAVING, SAVE, LOAD = "saving", "save", "load"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A ``ckpt_save`` or ``ckpt_load`` event of one rank."""
+    """A ``ckpt_saving``, ``ckpt_save`` or ``ckpt_load`` event of one rank."""
 
-    kind: str                    # "save" | "load"
+    kind: str                    # SAVING | SAVE | LOAD
     gen: int
     rank: int
     step: int

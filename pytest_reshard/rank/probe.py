@@ -387,6 +387,16 @@ class Run:
         ``bytes``, ``world_size``...)."""
         self._checkpoint(Ev.CKPT_SAVE, step, state_digest, per_rank, state, info)
 
+    def checkpoint_saving(self, step: int, state_digest: Mapping[str, str] | None = None, *,
+                          per_rank: Sequence[str] | str = (), state: Mapping[str, Any] | None = None,
+                          **info: Any) -> None:
+        """Record that this rank begins writing its part of a save of the state after ``step``,
+        with the digests of what it is about to write (as for ``checkpoint_saved``). A rank
+        killed inside the save never records the save itself; with this record
+        ``state_equivalence`` can still judge what a resume restored of that rank's own
+        (``per_rank``) state, instead of saying unknown."""
+        self._checkpoint(Ev.CKPT_SAVING, step, state_digest, per_rank, state, info)
+
     def checkpoint_loaded(self, step: int, state_digest: Mapping[str, str] | None = None, *,
                           per_rank: Sequence[str] | str = (), state: Mapping[str, Any] | None = None,
                           **info: Any) -> None:

@@ -44,6 +44,19 @@ def test_a_rank_killed_inside_a_save_resumes_with_an_unrestored_rng(reshard_run)
     assert (folder / "rng_state_0.pth").exists() and not (folder / "rng_state_1.pth").exists()
 
 
+def test_a_rank_killed_after_writing_its_rng_file_is_judged_by_what_it_wrote(reshard_run):
+    """Rank 1 dies at the step-5 save's commit point: ``rng_state_1.pth`` is written, the save
+    never recorded as done on rank 1. Its ``saving`` record holds what the file holds, so the
+    resume's restore is compared with it and passes (it was ``unknown``; once a false alarm)."""
+    result = reshard_run("hf_train", args=DROPOUT,
+                         faults=[chaos.kill_during_save(at_step=5, boundary="commit", rank=1)])
+    verdict = result.verdicts["state_equivalence"]
+    assert verdict.status == "pass", verdict
+    loaded = {c.step for c in result.history.checkpoints("load")}
+    saving = {(c.gen, c.rank) for c in result.history.checkpoints("saving") if c.step == 5}
+    assert loaded == {5} and (0, 1) in saving, (loaded, saving)
+
+
 def test_a_shift_to_one_process_looks_only_for_rng_state_pth(reshard_run):
     """2 -> 1: the checkpoint holds ``rng_state_0.pth`` and ``rng_state_1.pth``; a single
     process looks for ``rng_state.pth`` alone, does not find it, and keeps its seeded RNG."""

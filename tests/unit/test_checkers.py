@@ -699,6 +699,36 @@ def test_state_equivalence_a_rank_killed_at_the_commit_point_is_unknown_not_neve
         in v.message, v.message
 
 
+def _killed_at_commit(rank1_loads: str, *, saving: bool = True) -> History:
+    """HF's commit-point kill of rank 1 at step 4, which recorded (``saving``) the RNG it was
+    writing, "r1", and restores ``rank1_loads`` at the resume."""
+    b = Builder(steps=12)
+    b.gen(run=range(0, 5), cause="failure", saves={4: {"model": "m4"}},
+          fault={"rank": 1, "step": 4, "phase": "checkpoint_commit", "kind": "kill", "id": 0})
+    b.rank(0, 0, "ckpt_save", step=4, digest={"rng": "r0"}, per_rank=["rng"])
+    if saving:
+        b.rank(0, 1, Ev.CKPT_SAVING, step=4, digest={"rng": "r1"}, per_rank=["rng"])
+    b.gen(resume=5, run=range(5, 12), load=(4, {"model": "m4"}))
+    for e in b.events:
+        if e.get("gen") == 1 and e["ev"] == Ev.CKPT_LOAD:
+            e.update(digest={**e["digest"], "rng": "r0" if e["rank"] == 0 else rank1_loads},
+                     per_rank=["rng"], digest_at="restore")
+    return b.history()
+
+
+def test_state_equivalence_judges_a_rank_killed_inside_its_save_by_what_it_was_writing() -> None:
+    """Rank 1 recorded what it was about to write, then died before the save's end: its restore
+    of exactly that passes; a restore of anything else (its file never finished, a fresh RNG)
+    fails, naming the unfinished save."""
+    v = state_equivalence(_killed_at_commit("r1"))
+    assert v.status == "pass", v
+    v = state_equivalence(_killed_at_commit("fresh"))
+    assert v.status == "fail", v
+    assert ("what was being saved by rank 1 in generation 0 (a save it never recorded as done) "
+            "does not match what was loaded (rng: r1 -> fresh)") in v.message, v.message
+    assert state_equivalence(_killed_at_commit("r1", saving=False)).status == "unknown"
+
+
 def _shrink(component: str, *, to: int = 2, carried: bool = False) -> History:
     """4 -> ``to`` ranks after step 3: every rank saves its own ``component`` (per-rank) with the
     replicated DIGEST on rank 0, and each survivor loads back exactly its own (``carried``: rank 0
