@@ -7,8 +7,11 @@ preempted instead and relaunched at 2 ranks) with the warm fork server, which pr
 the adapter's WorkloadSpec says, and with cold interpreters, interleaved so both see the same
 machine noise; prints the medians and their ratio. Goal: ranks up within 0.5 s with the fork
 server. Usage: python bench/relaunch_frameworks.py [--repeats 3] [--frameworks hf,lightning,accelerate,torchtitan]
+An external Trainer script, registered through hf.workload and measured after the frameworks:
+[--script PATH --name NAME --preload module,... --script-args="ARGS" --steps-arg=--max_steps]
 """
 import argparse
+import shlex
 import statistics
 import sys
 import tempfile
@@ -23,9 +26,12 @@ from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.session import Session, scenario_from  # noqa: E402
 
 WORKLOADS = ROOT / "tests" / "workloads"
+EXTERNAL: dict[str, list[str]] = {}  # --script: its name -> its command line
 
 
 def register(framework: str) -> str:
+    if framework in EXTERNAL:
+        return framework
     if framework == "hf":
         from pytest_reshard.adapters import hf
 
@@ -63,17 +69,32 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--frameworks", default="hf,lightning,accelerate")
+    p.add_argument("--script", help="an external Hugging Face Trainer script, also measured")
+    p.add_argument("--name", help="its name in the table (default: the file's stem)")
+    p.add_argument("--preload", default="", help="modules the fork server imports for it, "
+                   "besides transformers (comma-separated)")
+    p.add_argument("--script-args", default="", help="its command line, one string")
+    p.add_argument("--steps-arg", help="its option for the step count (default: RESHARD_STEPS)")
     args = p.parse_args()
+    frameworks = [f for f in args.frameworks.split(",") if f]
+    if args.script:
+        from pytest_reshard.adapters import hf
+
+        name = args.name or Path(args.script).stem
+        hf.workload(name, Path(args.script).resolve(), steps_arg=args.steps_arg,
+                    preload=tuple(m for m in args.preload.split(",") if m))
+        EXTERNAL[name] = shlex.split(args.script_args)
+        frameworks.append(name)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
-        for framework in args.frameworks.split(","):
+        for framework in frameworks:
             workload = register(framework)
             up: dict[str, list[float]] = {"fork": [], "local": []}
             first: dict[str, list[float]] = {"fork": [], "local": []}
             for i in range(args.repeats):
                 for launcher in up:
                     sc = scenario_from(workload, world_size=2, steps=5, launcher=launcher,
-                                       faults=[fault(framework)])
+                                       args=EXTERNAL.get(framework, []), faults=[fault(framework)])
                     history = session.execute(sc, Path(tmp) / f"{framework}-{launcher}-{i}")
                     up[launcher].append(relaunch_s(history, "start"))
                     first[launcher].append(relaunch_s(history))
