@@ -127,6 +127,25 @@ def peak_rss(pid: int | str) -> int | None:
     return status_bytes(pid, "VmHWM")
 
 
+def memory_sets(pid: int | str) -> dict[str, int]:
+    """What of the process's resident memory is its own, from /proc/PID/smaps_rollup, in bytes:
+    ``uss`` (pages no other process maps), ``pss`` (each shared page divided among the processes
+    that map it) and ``anon`` (anonymous memory: heap, tensors, Python objects). A rank forked
+    from a warm server maps the server's preloaded pages too; these tell them apart from its own.
+    Empty if the process is gone or the kernel has no rollup."""
+    fields: dict[bytes, int] = {}
+    for line in _read(Path(f"/proc/{pid}/smaps_rollup")).splitlines()[1:]:
+        name, _, rest = line.partition(b":")
+        try:
+            fields[name] = int(rest.split()[0]) * 1024
+        except (IndexError, ValueError):
+            continue
+    if b"Pss" not in fields:
+        return {}
+    return {"uss": fields.get(b"Private_Clean", 0) + fields.get(b"Private_Dirty", 0),
+            "pss": fields[b"Pss"], "anon": fields.get(b"Anonymous", 0)}
+
+
 def status_bytes(pid: int | str, field: str) -> int | None:
     """A memory field of /proc/PID/status (``VmHWM``, ``VmRSS``, ...) in bytes; ``pid`` may be
     ``"self"``. None if the process or the field is missing."""

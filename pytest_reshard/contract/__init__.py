@@ -78,7 +78,7 @@ class Ev(str, enum.Enum):
     CKPT_LOAD = "ckpt_load"    # a completed load of that state: step, digest
     MEMORY = "memory"          # the workload's device memory: peak, budget
     NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
-    EXIT = "exit"              # a clean exit (run.close()): code, peak_rss
+    EXIT = "exit"              # a clean exit (run.close()): code, peak_rss, memory (uss, pss, anon)
     FILE = "file"              # a file event under the work folder: op, path, n, at_step, ... (filewatch)
     LIVE = "live"              # the rank asks to reshard in place after step: step (``Run.live_reshard``)
 

@@ -33,8 +33,10 @@ from pytest_reshard.history import History
 
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
-    "peak_mem": ("bytes", "peak RSS of the biggest rank"),
     "device_mem": ("bytes", "peak device memory of the biggest rank (as the workload reports it)"),
+    "peak_mem": ("bytes", "peak RSS of the biggest rank"),
+    "uss": ("bytes", "unique set of the biggest rank at its exit (pages no other process maps)"),
+    "pss": ("bytes", "proportional set of the biggest rank at its exit (shared pages divided)"),
     "step_time": ("s", "median step time (rank 0)"),
     "throughput": ("samples/s", "samples per second"),
     "relaunch": ("s", "median relaunch to the next generation's first step"),
@@ -52,8 +54,29 @@ _UNITS = {"": 1.0, "b": 1.0, "kb": 2.0 ** 10, "mb": 2.0 ** 20, "gb": 2.0 ** 30, 
 _TERM = re.compile(r"^(?P<field>[a-z_]+):(?P<sign>[+-])(?P<num>\d+(?:\.\d+)?)(?P<unit>%|[a-zA-Z]*)$")
 
 
+#: How the ranks' memory was measured (``memory_method``): in fresh interpreters, as production
+#: starts them, or in ranks forked from the harness's warm server, which map the server's
+#: preloaded memory (so their figures move with what this version of the harness preloads).
+COLD = "cold interpreters"
+FORKED = "forked from the fork server of pytest-reshard {version}"
+UNRECORDED = "a way not recorded (a baseline saved before the method was)"
+
+
 class GateError(ValueError):
-    """A malformed --reshard-compare-fail expression; the message says what is allowed."""
+    """A malformed --reshard-compare-fail expression, or two runs that cannot be compared; the
+    message says what is allowed."""
+
+
+def memory_method(history: History) -> str:
+    """``COLD``, or ``FORKED`` with this harness's version when any generation was forked."""
+    if any(g.launcher == "fork" for g in history.generations.values()):
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            ours = version("pytest-reshard")
+        except PackageNotFoundError:  # a source tree on sys.path, not installed
+            ours = "(not installed)"
+        return FORKED.format(version=ours)
+    return COLD
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,8 @@ def metrics(history: History) -> dict[str, Any]:
     """The gate's numbers for one run, from its history alone."""
     memory = history.memory()  # rank -> its peaks over every generation
     peaks = [m.peak_bytes for m in memory.values() if m.peak_bytes is not None]
+    uss = [m.uss_bytes for m in memory.values() if m.uss_bytes is not None]
+    pss = [m.pss_bytes for m in memory.values() if m.pss_bytes is not None]
     by_rank = {str(r): m.peak_bytes for r, m in memory.items() if m.peak_bytes is not None}
     device = [m.device_peak_bytes for m in memory.values()   # reported against a device's size
               if m.device_peak_bytes is not None and m.device_total_bytes]
@@ -128,6 +153,9 @@ def metrics(history: History) -> dict[str, Any]:
     return {
         "peak_mem": max(peaks) if peaks else None,
         "peak_mem_by_rank": by_rank,
+        "uss": max(uss) if uss else None,
+        "pss": max(pss) if pss else None,
+        "memory_method": memory_method(history),
         "device_mem": max(device) if device else None,
         "memory_budget": budget,
         "step_time": step_time,
@@ -224,6 +252,13 @@ def compare(baseline: dict[str, Any], run: str, now: dict[str, Any],
     before = baseline.get("runs", {}).get(run)
     if before is None:
         return []
+    methods = before.get("memory_method", UNRECORDED), now.get("memory_method", UNRECORDED)
+    if methods[0] != methods[1]:
+        raise GateError(f"{run}: the baseline's ranks ran in {methods[0]}, this run's in "
+                        f"{methods[1]}: their memory and timings cannot be compared (a forked rank "
+                        "maps what the harness preloaded and starts warm). Save the baseline and "
+                        "compare with the same launcher; to gate a stack, use a cold one "
+                        "(--reshard-launcher=local, as `pytest-reshard gate` does)")
     budget = before.get("memory_budget")
     fixed = budget if budget and budget == now.get("memory_budget") and \
         before.get("peak_mem_by_rank") and now.get("peak_mem_by_rank") else None
@@ -296,10 +331,11 @@ def _short(value: str) -> str:
 
 def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
                labels: tuple[str, str] = ("old", "new")) -> tuple[list[str], list[Change], list[str]]:
-    """Two saved baselines side by side: (table lines, changes, scenarios missing from one run).
+    """Two saved baselines side by side: (table lines, changes, problems: a scenario that ran in
+    one only, or whose ranks were measured differently).
 
-    The table has the environments first (what the upgrade changed), then every scenario's
-    numbers, each with its change and whether it passed a limit.
+    The table has the environments first (what the upgrade changed) and how the ranks ran,
+    then every scenario's numbers, each with its change and whether it passed a limit.
     """
     rows: list[tuple[str, ...]] = [("", *labels, "change", "verdict")]
     envs = old.get("environment", {}), new.get("environment", {})
@@ -308,16 +344,25 @@ def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
         if (a != "-" or b != "-") and (a != b or key != "platform"):
             rows.append((key, a, b, "changed" if a != b else "", ""))
     changes: list[Change] = []
-    missing: list[str] = []
+    problems: list[str] = []
     runs_old, runs_new = old.get("runs", {}), new.get("runs", {})
+    methods = [sorted({r.get("memory_method", UNRECORDED) for r in runs.values()})
+               for runs in (runs_old, runs_new)]
+    rows.append(("ranks ran in", *("; ".join(m) or "-" for m in methods), "", ""))
     for run in sorted(set(runs_old) | set(runs_new)):
         short = run.rsplit("::", 1)[-1]
         if run not in runs_old or run not in runs_new:
-            missing.append(run)
+            problems.append(f"scenario {run} ran in one stack only")
             rows.append((short, "ran" if run in runs_old else "missing",
                          "ran" if run in runs_new else "missing", "", "FAIL: not in both runs"))
             continue
-        for c in compare(old, run, runs_new[run], limits):
+        try:
+            compared = compare(old, run, runs_new[run], limits)
+        except GateError as e:
+            problems.append(str(e))
+            rows.append((short, "", "", "", "FAIL: measured differently"))
+            continue
+        for c in compared:
             changes.append(c)
             name = f"rank {c.rank} headroom" if c.field == "headroom" else c.field
             verdict = f"FAIL beyond {c.limit.text}" if c.regressed and c.limit else "ok"
@@ -330,4 +375,4 @@ def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines, changes, missing
+    return lines, changes, problems

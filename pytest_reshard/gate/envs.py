@@ -260,13 +260,16 @@ def docker_client() -> Any:
 
 
 def parse_env(spec: str, *, mounts: list[Path] | None = None, root: Path | None = None) -> Env:
-    """``venv:PATH``, ``venv:REQ[,REQ...]`` or ``docker:IMAGE[#PYTHON]`` -> an Env (EnvError)."""
+    """``venv:PATH``, ``venv:REQ[,REQ...]`` (a requirement may be a direct reference, ``torch @
+    file:///wheels/torch-2.13.0-....whl``) or ``docker:IMAGE[#PYTHON]`` -> an Env (EnvError)."""
     kind, _, value = spec.partition(":")
     if not value:
         raise EnvError(f"{spec!r}: write venv:PATH, venv:REQUIREMENTS (torch==2.14.1) or "
                        "docker:IMAGE")
     if kind == "venv":
-        looks_like_path = "/" in value or value.startswith(".") or Path(value).is_dir()
+        direct = " @ " in value  # a direct reference: torch @ file:///wheels/torch-....whl
+        looks_like_path = not direct and ("/" in value or value.startswith(".")
+                                          or Path(value).is_dir())
         if looks_like_path:
             path = Path(value).expanduser().resolve()
             if not path.is_dir():

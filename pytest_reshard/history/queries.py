@@ -515,7 +515,16 @@ class History(MembershipQueries):
             m["device"] = max(m.get("device", 0), int(e["peak"]))
             if e.get("budget"):
                 m["total"] = int(e["budget"])
-        return {r: RankMemory(r, m.get("peak"), budget, m.get("device"), m.get("total"))
+        for e in self.rank_events(Ev.EXIT):
+            sets = e.get("memory")
+            if not isinstance(sets, dict):
+                continue
+            m = peaks.setdefault(int(e["rank"]), {})
+            for key in ("uss", "pss"):
+                if isinstance(sets.get(key), int):
+                    m[key] = max(m.get(key, 0), sets[key])
+        return {r: RankMemory(r, m.get("peak"), budget, m.get("device"), m.get("total"),
+                              m.get("uss"), m.get("pss"))
                 for r, m in sorted(peaks.items())}
 
     def faults_fired(self) -> list[FaultFired]:

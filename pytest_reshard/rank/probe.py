@@ -526,6 +526,7 @@ class Run:
             replaced = (self._sigterm_handled
                         and signal.getsignal(signal.SIGTERM) != self._on_sigterm)
             self.emit(Ev.EXIT, code=0, peak_rss=procfs.peak_rss("self"),
+                       memory=procfs.memory_sets("self"),
                        **({"sigterm_replaced": True} if replaced else {}))
             self.active = False
             # An async save's last files are still recorded when files are watched; a hub's

@@ -60,6 +60,41 @@ def test_planted_regression_fails_the_gate_naming_field_and_amount(tmp_path):
     assert_planted_regressions_named(rc, text)
 
 
+PRELOADING_SUITE = '''
+from pathlib import Path
+import pytest
+from pytest_reshard.workloads import WorkloadSpec, register
+
+# The new stack's fork server imports a model library besides the warm-up: a harness that
+# preloads more. Ranks forked from it would map all of that.
+MORE = ("transformers.models.gpt2.modeling_gpt2",) if Path.cwd().name == "new" else ()
+register(WorkloadSpec(name="toy", script={toy!r}, preload=MORE), replace=True)
+
+
+@pytest.mark.reshard(world_size=1, steps=4, timeout=90)
+def test_toy(reshard_run):
+    reshard_run("toy").assert_ok()
+'''
+
+
+def test_a_harness_that_preloads_more_does_not_move_the_gates_memory(tmp_path):
+    """The same venv twice, the new stack's fork server preloading a model library too: the
+    gate's ranks are cold interpreters, so their memory is the stack's, and stays within 10%."""
+    pytest.importorskip("transformers")
+    workdir = tmp_path / "gate"
+    workdir.mkdir()
+    suite = workdir / "preloading_suite.py"
+    suite.write_text(PRELOADING_SUITE.format(toy=str(WORKLOADS / "toy_train.py")))
+    out = subprocess.run([sys.executable, "-m", "pytest_reshard.cli", "gate", "--suite", str(suite),
+                          "--dir", str(workdir), "--old", f"venv:{sys.prefix}", "--new",
+                          f"venv:{sys.prefix}", "--no-checkpoint", "--fail", "peak_mem:+10%"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    text = out.stdout + out.stderr
+    assert "gate: PASS" in text and out.returncode == 0, text
+    ran = next(ln for ln in text.splitlines() if ln.startswith("ranks ran in"))
+    assert ran.count("cold interpreters") == 2, ran
+
+
 @pytest.fixture(scope="session")
 def ci_image():
     """A local image of this test run's own stack, imported into the engine at DOCKER_HOST."""

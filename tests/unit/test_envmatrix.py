@@ -15,6 +15,8 @@ def test_environment_specs(tmp_path):
     assert isinstance(env, VenvEnv) and env.path == tmp_path and not env.requirements
     built = parse_env("venv:torch==2.14.1, numpy<2", root=tmp_path)
     assert built.requirements == ["torch==2.14.1", "numpy<2"] and built.path is None
+    wheel = "torch @ file:///wheels/torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert parse_env(f"venv:{wheel}", root=tmp_path).requirements == [wheel]  # not a folder
     image = parse_env("docker:ghcr.io/org/train:cu130#/opt/venv/bin/python", mounts=[tmp_path])
     assert isinstance(image, DockerEnv) and image.image == "ghcr.io/org/train:cu130"
     assert image.python == "/opt/venv/bin/python" and image.mounts == [tmp_path]

@@ -2,8 +2,13 @@
 it under a fixed memory budget."""
 import pytest
 
+from pytest_reshard import procfs
+from pytest_reshard.contract import Ev
 from pytest_reshard.gate import baseline as gate
+from pytest_reshard.gate import stacks
 from pytest_reshard.gate.baseline import GateError
+
+from ..histories import Builder
 
 
 
@@ -69,11 +74,64 @@ def test_two_baselines_side_by_side():
                     "s.py::gone": {"step_time": 0.1}}}
     new = {"environment": {"torch": "2.14.1", "cuda": "13.0"},
            "runs": {"s.py::t": {"step_time": 0.150, "throughput": 99.0, "loss_digest": "bb"}}}
-    lines, changes, missing = gate.diff_table(old, new, gate.parse("step_time:+10%"))
+    lines, changes, problems = gate.diff_table(old, new, gate.parse("step_time:+10%"))
     text = "\n".join(lines)
-    assert missing == ["s.py::gone"]
+    assert problems == ["scenario s.py::gone ran in one stack only"]
     assert [c.field for c in changes if c.regressed] == ["step_time"]
     assert "torch" in text and "2.13.0+cpu" in text and "2.14.1" in text and "changed" in text
     row = next(ln for ln in lines if ln.startswith("t step_time"))
     assert "100.0 ms" in row and "150.0 ms" in row and "+50.0%" in row and "FAIL beyond step_time:+10%" in row
     assert "differs" in next(ln for ln in lines if "loss trajectory" in ln)
+
+
+def _run_on(launcher: str) -> dict:
+    """The gate's numbers of a one-generation run whose ranks ``launcher`` started, each with
+    the memory sets it recorded at its exit."""
+    b = Builder(steps=3)
+    b.gen(run=range(3))
+    for e in b.events:
+        if e["ev"] == Ev.GEN_START:
+            e["launcher"] = launcher
+    for rank in range(b.world_size):
+        b.rank(0, rank, Ev.EXIT, code=0, memory={"uss": (100 + rank) * 2**20, "pss": 150 * 2**20})
+    return gate.metrics(b.history())
+
+
+def test_a_run_says_how_its_ranks_were_measured_and_keeps_their_own_sets():
+    cold, forked = _run_on("local"), _run_on("fork")
+    assert cold["memory_method"] == gate.COLD
+    assert forked["memory_method"].startswith("forked from the fork server of pytest-reshard ")
+    assert cold["uss"] == 101 * 2**20 and cold["pss"] == 150 * 2**20
+
+
+def test_runs_measured_in_different_ways_are_not_compared():
+    """A baseline of forked ranks against a run of cold ones (or one that never said how): the
+    memory moved with the harness, not the stack, so the gate refuses and says why."""
+    cold, forked = _run_on("local"), _run_on("fork")
+    with pytest.raises(GateError, match="the baseline's ranks ran in forked from the fork server"):
+        gate.compare({"runs": {"t": forked}}, "t", cold, gate.parse("peak_mem:+1MB"))
+    unsaid = {k: v for k, v in cold.items() if k != "memory_method"}
+    with pytest.raises(GateError, match="a way not recorded"):
+        gate.compare({"runs": {"t": unsaid}}, "t", cold, [])
+    assert gate.compare({"runs": {"t": cold}}, "t", cold, gate.parse("peak_mem:+1MB"))
+    lines, _, problems = gate.diff_table({"runs": {"t": forked}}, {"runs": {"t": cold}}, [])
+    assert len(problems) == 1 and "cannot be compared" in problems[0], problems
+    assert any(ln.startswith("ranks ran in") and gate.COLD in ln for ln in lines), lines
+
+
+def test_the_gate_runs_its_ranks_cold_and_refuses_the_fork_server(capsys, tmp_path):
+    assert stacks.launcher_of(["-x", "--reshard-launcher", "torchrun"]) == "torchrun"
+    assert stacks.launcher_of(["--reshard-launcher=fork"]) == "fork"
+    assert stacks.launcher_of(["-x"]) is None
+    rc = stacks.main(["--old", f"venv:{tmp_path}", "--new", f"venv:{tmp_path}",
+                      "--dir", str(tmp_path / "g"), "--", "--reshard-launcher=fork"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "the gate runs every rank in a cold interpreter" in err, err
+    assert not (tmp_path / "g").exists()   # refused before anything ran
+
+
+def test_a_process_knows_its_unique_and_proportional_sets():
+    sets = procfs.memory_sets("self")
+    rss = procfs.status_bytes("self", "VmRSS")
+    assert rss and 0 < sets["uss"] <= sets["pss"] <= rss, (sets, rss)
+    assert procfs.memory_sets(2**22 + 7) == {}   # no such process
