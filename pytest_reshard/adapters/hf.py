@@ -121,6 +121,7 @@ def _make_callback(transformers: Any) -> type:
             self.stopping = False
             self.nupe: int | None = None
             self.redirected = False
+            self.told_no_ids = False
 
         # -- the output folder -------------------------------------------------------------
         def redirect(self) -> None:
@@ -138,19 +139,34 @@ def _make_callback(transformers: Any) -> type:
                 print(f"pytest_reshard.adapters.hf: under the harness the Trainer's output_dir is "
                       f"the run's work folder {work} (was {old})", file=sys.stderr, flush=True)
 
+        def advise_no_ids(self) -> None:
+            """The batches carry no sample-id column: say how to add one (or that there is
+            none), in the log and in the sample check's verdict."""
+            text = (f"the Trainer's batches have no {self.sample_ids!r} column: add one to the "
+                    f"training dataset (dataset.add_column({self.sample_ids!r}, "
+                    "list(range(len(dataset))))), or pass hf.instrument(trainer, sample_ids=None) "
+                    "when it has none")
+            self.run.advise("exactly_once_samples", text)
+            if self.trainer.args.process_index == 0:
+                print(f"pytest_reshard.adapters.hf: {text}", file=sys.stderr, flush=True)
+
         def warn_fresh_start(self) -> None:
-            """A fresh start while the work folder holds a checkpoint: the script resolved its
-            resume before instrument moved output_dir, so it looked in the old folder."""
+            """A fresh start while the work folder holds a checkpoint: the script never asked to
+            resume, or resolved its resume before instrument moved output_dir."""
             from transformers.trainer_utils import get_last_checkpoint
 
             work = self.run.workdir
             last = get_last_checkpoint(str(work)) if work is not None and Path(work).is_dir() else None
-            if last and self.trainer.args.process_index == 0:
-                print(f"pytest_reshard.adapters.hf: training starts at step 0 although the work "
-                      f"folder holds {Path(last).name}: pass resume_from_checkpoint="
-                      f"get_last_checkpoint(trainer.args.output_dir), resolved after "
-                      f"hf.instrument (which set output_dir to {work})", file=sys.stderr,
-                      flush=True)
+            if not last:
+                return
+            text = (f"training started at step 0 although the work folder held {Path(last).name}: "
+                    "pass trainer.train(resume_from_checkpoint=get_last_checkpoint("
+                    "trainer.args.output_dir))" + (f", resolved after hf.instrument (which set "
+                                                   f"output_dir to {work})" if self.redirected
+                                                   else ""))
+            self.run.advise("no_rewind", text)
+            if self.trainer.args.process_index == 0:
+                print(f"pytest_reshard.adapters.hf: {text}", file=sys.stderr, flush=True)
 
         # -- wrapping ----------------------------------------------------------------------
         def wrap(self) -> None:
@@ -167,6 +183,9 @@ def _make_callback(transformers: Any) -> type:
                 s = self.step if model.training else None
                 if s is None:
                     return compute_loss(model, inputs, *args, **kwargs)
+                if ids is None and self.sample_ids and not self.told_no_ids:
+                    self.told_no_ids = True
+                    self.advise_no_ids()
                 if ids is not None:
                     s.record(samples=[int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)],
                              epoch=self.epoch)
@@ -186,11 +205,15 @@ def _make_callback(transformers: Any) -> type:
                     self.run.point("checkpoint", step=t.state.global_step - 1)
                 return save_model(*args, **kwargs)
 
-            def wrapped_save_rng(*args: Any, **kwargs: Any) -> Any:
-                self.saved_rng = rng_digest()   # exactly what the file holds
+            def wrapped_save_rng(output_dir: Any, *args: Any, **kwargs: Any) -> Any:
+                rng = rng_digest()   # exactly what the file will hold
                 step = t.state.global_step - 1
-                self.run.checkpoint_saving(step, {"rng": self.saved_rng}, per_rank=PER_RANK)
-                out = save_rng(*args, **kwargs)
+                self.run.checkpoint_saving(step, {"rng": rng}, per_rank=PER_RANK)
+                out = save_rng(output_dir, *args, **kwargs)
+                # the save holds this rank's RNG only if the Trainer wrote its file
+                name = "rng_state.pth" if t.args.world_size <= 1 else \
+                    f"rng_state_{t.args.process_index}.pth"
+                self.saved_rng = rng if (Path(output_dir) / name).exists() else None
                 if self.run.active:
                     self.run.point("checkpoint_commit", step=step)
                 return out
@@ -269,7 +292,7 @@ def _make_callback(transformers: Any) -> type:
                 else:
                     budget = state.max_steps
             self.run.resumed(gs, source="checkpoint" if gs else "fresh", max_rewind_steps=budget)
-            if not gs and self.redirected:
+            if not gs:
                 self.warn_fresh_start()
             if gs:
                 self.loaded_step = gs - 1

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from pytest_reshard.contract import Cause, RunDir
+from pytest_reshard.contract import ADVICE, Cause, RunDir
 from pytest_reshard.history import Generation, History
 
 #: How many further problems a summary lists after the first.
@@ -52,6 +52,13 @@ def _cause_phrase(history: History, ended: Generation) -> str:
     text = words.get(ended.cause, f"{'a planned' if ended.planned else 'an unplanned'} "
                                   f"{ended.cause}")
     return f"{text} ({fault})" if fault else text
+
+
+def _advice(history: History, check: str) -> str | None:
+    """What the workload said to do about ``check`` (``run.advise``), each text once."""
+    texts = [str(n.fields.get("text")) for n in history.notes(ADVICE)
+             if n.fields.get("check") == check and n.fields.get("text")]
+    return "; ".join(dict.fromkeys(texts)) or None
 
 
 def _count(n: int, noun: str) -> str:

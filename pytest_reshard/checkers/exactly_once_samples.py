@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from pytest_reshard.checkers._text import _fault_before, _ranges
+from pytest_reshard.checkers._text import _advice, _fault_before, _ranges
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.history import History, Occurrence
@@ -83,8 +83,9 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         if not kept:
             return Verdict.unknown(check, "no step completed on every rank (nothing was kept), "
                                    "so no sample consumption to check (see liveness)")
-        return Verdict.unknown(check, f"the {len(kept)} kept steps recorded no sample ids; call "
-                               "s.record(samples=batch_ids) as soon as the batch is drawn")
+        return Verdict.unknown(check, f"the {len(kept)} kept steps recorded no sample ids; "
+                               + (_advice(history, check) or "call s.record(samples=batch_ids) "
+                                  "as soon as the batch is drawn"))
     uses = _uses(history, kept)
     last = max((o.step for o in kept), default=-1)
     covered = sorted({o.step for o in kept})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_reshard.checkers._text import (_cause_phrase, _count, _fault_before, _ranges,
+from pytest_reshard.checkers._text import (_advice, _cause_phrase, _count, _fault_before, _ranges,
                                           _summarise)
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
@@ -57,7 +57,10 @@ def no_rewind(history: History) -> Verdict:
             transitions.append({"generation": g, "resume_step": resume, "planned": planned,
                                 "replayed": replayed, "budget": budget, "fault": fault})
             if len(replayed) > budget:
-                if planned:
+                advice = _advice(history, check)
+                if advice:
+                    hint = advice
+                elif planned:
                     hint = ("a planned reshard or preemption must cost nothing: save when "
                             "run.reshard_requested() or run.stop_requested() says so, and resume "
                             "from that save at the next step")

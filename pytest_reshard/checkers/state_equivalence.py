@@ -234,8 +234,9 @@ def state_equivalence(history: History) -> Verdict:
             if comp in per_rank:
                 mine = sorted((g for g, r, _ in earlier if r == rank and comp in
                                earlier[(g, r, step)].digest), reverse=True)
-                writing = sorted((g for (g, r, st), b in begun.items() if r == rank and
-                                  st == step and g < gen and comp in b.digest), reverse=True)
+                writing = sorted((g for (g, r, st), b in begun.items() if r == rank and st == step
+                                  and g < gen and comp in b.digest and (g, r, st) not in saves),
+                                 reverse=True)   # began that save, never recorded its end
                 if mine:
                     baseline[comp] = (earlier[(mine[0], rank, step)].digest[comp],
                                       f"saved by rank {rank} in generation {mine[0]}", mine[0])

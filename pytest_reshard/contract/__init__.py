@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS",
-           "RunDir", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL",
+           "RunDir", "ADVICE", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
            "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
 
@@ -157,6 +157,11 @@ MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE
              FileOp.RMDIR, FileOp.RMTREE)
 
 
+#: A rank's note (``run.advise``) that tells one checker's verdict what to do in the workload's
+#: own terms: ``check`` (the checker's name) and ``text``.
+ADVICE = "advice"
+
+
 class Refusal(str, enum.Enum):
     """Why the hub refused a connection, or dropped a line of a peer that passed its challenge
     (``Ev.HUB``). The value is the report's wording."""
@@ -192,11 +197,11 @@ class Cause(str, enum.Enum):
 
 
 RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev.END, Ev.ERROR,
-                         Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVE, Ev.CKPT_LOAD,
-                         Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE, Ev.LIVE})
+                         Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVING, Ev.CKPT_SAVE,
+                         Ev.CKPT_LOAD, Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE, Ev.LIVE})
 #: Rank events whose meaning needs a step number.
-STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT, Ev.CKPT_SAVE,
-                         Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
+STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT,
+                         Ev.CKPT_SAVING, Ev.CKPT_SAVE, Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
                                Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON

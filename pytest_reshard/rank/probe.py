@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
+from pytest_reshard.contract import (ADVICE, HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
                                      hub_line, hub_secret, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -510,6 +510,13 @@ class Run:
         """Record a free-form event (shown in the timeline, ignored by checkers)."""
         if self.active:
             self.emit(Ev.NOTE, what=what, **fields)
+
+    def advise(self, check: str, text: str) -> None:
+        """Tell the verdict of ``check`` (a checker's name) what to do in this workload's own
+        terms: a framework adapter that knows why a resume went wrong says how to fix it in that
+        framework. The checker's message then gives it instead of its generic advice."""
+        if self.active:
+            self.emit(Ev.NOTE, what=ADVICE, check=str(check), text=str(text))
 
     def memory(self, peak_bytes: int, *, budget_bytes: int | None = None) -> None:
         if self.active:

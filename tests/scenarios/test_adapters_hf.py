@@ -57,6 +57,19 @@ def test_a_rank_killed_after_writing_its_rng_file_is_judged_by_what_it_wrote(res
     assert loaded == {5} and (0, 1) in saving, (loaded, saving)
 
 
+def test_a_script_that_never_resumes_is_told_how_to_in_the_trainers_terms(reshard_run):
+    """The official run_clm.py resumes only when asked (``--resume_from_checkpoint``), and a
+    user's dataset may have no sample-id column: the verdicts say what to change in the script,
+    not which probe call to make."""
+    result = reshard_run("hf_train", args=["--no-resume", "--no-sample-ids"],
+                         faults=[chaos.preempt(at_step=4, phase="forward")])
+    message = _failed(result, "no_rewind")
+    assert message.endswith("pass trainer.train(resume_from_checkpoint=get_last_checkpoint("
+                            "trainer.args.output_dir))"), message
+    samples = result.verdicts["exactly_once_samples"]
+    assert samples.status == "unknown" and "have no 'sample_id' column" in samples.message, samples
+
+
 def test_a_shift_to_one_process_looks_only_for_rng_state_pth(reshard_run):
     """2 -> 1: the checkpoint holds ``rng_state_0.pth`` and ``rng_state_1.pth``; a single
     process looks for ``rng_state.pth`` alone, does not find it, and keeps its seeded RNG."""

@@ -9,7 +9,7 @@ from pytest_reshard import checkers
 from pytest_reshard.checkers import (SPREAD_FACTOR, exactly_once_samples, liveness,
                                      loss_continuity, measure_spread, no_rewind,
                                      state_equivalence)
-from pytest_reshard.contract import Ev
+from pytest_reshard.contract import ADVICE, Ev
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict, combine
 
@@ -699,15 +699,19 @@ def test_state_equivalence_a_rank_killed_at_the_commit_point_is_unknown_not_neve
         in v.message, v.message
 
 
-def _killed_at_commit(rank1_loads: str, *, saving: bool = True) -> History:
+def _killed_at_commit(rank1_loads: str, *, saving: bool = True, saved: bool = False) -> History:
     """HF's commit-point kill of rank 1 at step 4, which recorded (``saving``) the RNG it was
-    writing, "r1", and restores ``rank1_loads`` at the resume."""
+    writing, "r1", and restores ``rank1_loads`` at the resume. ``saved``: rank 1 was not killed
+    but recorded its save, without the RNG (its file never written)."""
     b = Builder(steps=12)
     b.gen(run=range(0, 5), cause="failure", saves={4: {"model": "m4"}},
-          fault={"rank": 1, "step": 4, "phase": "checkpoint_commit", "kind": "kill", "id": 0})
+          fault=None if saved else
+          {"rank": 1, "step": 4, "phase": "checkpoint_commit", "kind": "kill", "id": 0})
     b.rank(0, 0, "ckpt_save", step=4, digest={"rng": "r0"}, per_rank=["rng"])
     if saving:
         b.rank(0, 1, Ev.CKPT_SAVING, step=4, digest={"rng": "r1"}, per_rank=["rng"])
+    if saved:
+        b.rank(0, 1, Ev.CKPT_SAVE, step=4, digest={"model": "m4"}, per_rank=["rng"])
     b.gen(resume=5, run=range(5, 12), load=(4, {"model": "m4"}))
     for e in b.events:
         if e.get("gen") == 1 and e["ev"] == Ev.CKPT_LOAD:
@@ -727,6 +731,9 @@ def test_state_equivalence_judges_a_rank_killed_inside_its_save_by_what_it_was_w
     assert ("what was being saved by rank 1 in generation 0 (a save it never recorded as done) "
             "does not match what was loaded (rng: r1 -> fresh)") in v.message, v.message
     assert state_equivalence(_killed_at_commit("r1", saving=False)).status == "unknown"
+    # it finished the save without its RNG file (a Trainer that wrote none): never saved
+    v = state_equivalence(_killed_at_commit("fresh", saved=True))
+    assert v.status == "fail" and "rank 1 never saved its rng for step 4" in v.message, v
 
 
 def _shrink(component: str, *, to: int = 2, carried: bool = False) -> History:
@@ -814,3 +821,20 @@ def test_only_a_random_streams_state_counts_as_an_rng() -> None:
                                     "numpy_random"))
     assert not any(_is_rng(n) for n in ("random_sampler", "data_generator_position", "strongly",
                                         "sampler"))
+
+
+def test_a_workloads_advice_replaces_the_checkers_generic_one() -> None:
+    """An adapter that knows why the resume went wrong says so in its framework's terms
+    (``run.advise``): the failing or unknown verdict gives that, not probe-call advice."""
+    said = "pass trainer.train(resume_from_checkpoint=get_last_checkpoint(...))"
+    b = Builder(steps=10)
+    b.gen(run=range(0, 5), cause="failure", max_rewind=2)
+    b.gen(resume=0, run=range(0, 10), max_rewind=2)
+    b.rank(1, 0, Ev.NOTE, what=ADVICE, check="no_rewind", text=said)
+    v = no_rewind(b.history())
+    assert v.status == "fail" and v.message.endswith(said) and "max_rewind_steps" not in v.message, v
+    b = Builder(steps=4)
+    b.gen(run=range(4), samples=lambda *_: None)
+    b.rank(0, 0, Ev.NOTE, what=ADVICE, check="exactly_once_samples", text="add a sample_id column")
+    v = exactly_once_samples(b.history())
+    assert v.status == "unknown" and v.message.endswith("add a sample_id column"), v

@@ -24,6 +24,8 @@ p.add_argument("--global-batch", type=int, default=8)
 p.add_argument("--per-device-batch", type=int, default=None)
 p.add_argument("--save-steps", type=int, default=3)
 p.add_argument("--samples", type=int, default=256)
+p.add_argument("--no-resume", action="store_true", help="the bug: never pass resume_from_checkpoint")
+p.add_argument("--no-sample-ids", action="store_true", help="batches without the sample_id column")
 args = p.parse_args()
 
 SEQ, VOCAB = 8, 32
@@ -41,7 +43,8 @@ class Synthetic(torch.utils.data.Dataset):
         rng = random.Random(i)
         start, stride = rng.randrange(VOCAB), rng.randrange(1, 5)
         ids = torch.tensor([(start + stride * k) % VOCAB for k in range(SEQ)])
-        return {"input_ids": ids, "labels": ids.clone(), "sample_id": i}
+        return {"input_ids": ids, "labels": ids.clone(),
+                **({} if args.no_sample_ids else {"sample_id": i})}
 
 
 torch.manual_seed(0)
@@ -57,4 +60,4 @@ training_args = TrainingArguments(
 trainer = Trainer(model=model, args=training_args, train_dataset=Synthetic())
 hf.instrument(trainer, sample_ids="sample_id")
 last = get_last_checkpoint(out) if os.path.isdir(out) else None
-trainer.train(resume_from_checkpoint=last)
+trainer.train(resume_from_checkpoint=None if args.no_resume else last)
