@@ -263,9 +263,9 @@ def state_equivalence(history: History) -> Verdict:
                         "message": f"{comp} (per-rank) was loaded by rank {rank} in generation "
                                    f"{gen} for step {step}, but rank {rank} never saved its "
                                    f"{comp} for step {step}{by}: what it restored is not its own "
-                                   "saved state (a per-rank file missing from the checkpoint: "
-                                   "did that rank die before writing it, and was the checkpoint "
-                                   "still used?)",
+                                   "saved state (its per-rank file is missing from the "
+                                   "checkpoint, never written or cut short by the rank's death, "
+                                   "and the checkpoint was still used)",
                         "step": step, "rank": rank, "generation": gen, "component": comp})
                 continue
             holders = sorted((g, r) for (g, r, _), s in earlier.items() if comp in s.digest)

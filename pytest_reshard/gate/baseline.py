@@ -34,7 +34,7 @@ from pytest_reshard.history import History
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
     "device_mem": ("bytes", "peak device memory of the biggest rank (as the workload reports it)"),
-    "peak_mem": ("bytes", "peak RSS of the biggest rank"),
+    "peak_mem": ("bytes", "peak RSS (VmHWM) of the biggest rank"),
     "uss": ("bytes", "unique set of the biggest rank at its exit (pages no other process maps)"),
     "pss": ("bytes", "proportional set of the biggest rank at its exit (shared pages divided)"),
     "step_time": ("s", "median step time (rank 0)"),
