@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +45,53 @@ def test_a_full_run_folder_ends_the_run_unjudged(small_fs: Path, toy: str) -> No
     assert str(small_fs) in str(refused.value)
     assert not list(small_fs.rglob("verdict.json"))    # nothing was judged
     # (the autouse nothing_leaks fixture checks that no process we started is alive)
+
+
+@pytest.fixture
+def ext4_fs(tmp_path: Path):
+    """A 64 MiB ext4 on a loop device that turns read-only on its first error, as a disk whose
+    file system hit a fault does (``errors=remount-ro``); yields (mount point, its sysfs knob
+    that raises such an error)."""
+    image, mnt = tmp_path / "ext4.img", tmp_path / "ext4"
+    mnt.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(64 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", str(image)], capture_output=True, text=True)
+    mounted = made.returncode or subprocess.run(
+        ["mount", "-o", "loop,errors=remount-ro", str(image), str(mnt)], capture_output=True,
+        text=True).returncode
+    if made.returncode or mounted:
+        pytest.skip("a loop-mounted ext4 needs mkfs.ext4, root and a loop device")
+    try:
+        device = subprocess.run(["findmnt", "-no", "SOURCE", str(mnt)], capture_output=True,
+                                text=True, check=True).stdout.strip()
+        knob = Path("/sys/fs/ext4") / Path(device).name / "trigger_fs_error"
+        if not knob.exists():
+            pytest.skip(f"this kernel has no {knob}")
+        yield mnt, knob
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+def test_a_run_folder_that_turns_read_only_mid_run_ends_the_run_unjudged(ext4_fs, toy: str) -> None:
+    """Once both ranks trained, the file system goes read-only under them (the ranks' open
+    events files included): a harness error naming it, no verdict."""
+    mnt, knob = ext4_fs
+    events = mnt / "art" / "ro" / "events"
+
+    def fail_the_disk() -> None:
+        until(lambda: all('"ev":"begin"' in text_of(events / f"g0-r{r}.jsonl") for r in (0, 1)),
+              120, "both ranks trained")
+        knob.write_text("the harness's disk failed\n")
+
+    thread = threading.Thread(target=fail_the_disk, daemon=True)
+    thread.start()
+    with Session(mnt / "art") as session:
+        with pytest.raises(HarnessError, match=r"not judged: .*Read-only file system") as refused:
+            session.execute(scenario_from(toy, world_size=2, steps=100_000, timeout_s=120),
+                            mnt / "art" / "ro")
+    thread.join(timeout=5)
+    assert str(mnt) in str(refused.value) and not list(mnt.rglob("verdict.json"))
 
 
 def test_the_probe_keeps_training_when_its_events_file_refuses_a_write(small_fs: Path) -> None:
