@@ -70,13 +70,16 @@ class GateError(ValueError):
 def memory_method(history: History) -> str:
     """``COLD``, or ``FORKED`` with this harness's version when any generation was forked."""
     if any(g.launcher == "fork" for g in history.generations.values()):
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            ours = version("pytest-reshard")
-        except PackageNotFoundError:  # a source tree on sys.path, not installed
-            ours = "(not installed)"
-        return FORKED.format(version=ours)
+        return FORKED.format(version=_harness_version())
     return COLD
+
+
+def _harness_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("pytest-reshard")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "(not installed)"
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ def metrics(history: History) -> dict[str, Any]:
 def environment() -> dict[str, Any]:
     """What the numbers were measured on (the stack an upgrade changes)."""
     env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
-                           "executable": sys.executable}
+                           "executable": sys.executable, "pytest-reshard": _harness_version()}
     try:
         import torch
     except ImportError:
@@ -318,7 +321,7 @@ def _delta(field: str, old: float, new: float) -> str:
 
 
 _ENV_KEYS = ("torch", "cuda", "cudnn", "nccl", "driver", "gpu", "python", "executable",
-             "platform")
+             "platform", "pytest-reshard")
 
 
 def _short(value: str) -> str:
