@@ -76,7 +76,7 @@ class Ev(str, enum.Enum):
                                  # what it is about to write)
     CKPT_SAVE = "ckpt_save"    # a completed save of the state after step: step, digest
     CKPT_LOAD = "ckpt_load"    # a completed load of that state: step, digest
-    MEMORY = "memory"          # the workload's device memory: peak, budget
+    MEMORY = "memory"          # the workload's device memory: peak, budget, reserved
     NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
     EXIT = "exit"              # a clean exit (run.close()): code, peak_rss, memory (uss, pss, anon)
     FILE = "file"              # a file event under the work folder: op, path, n, at_step, ... (filewatch)

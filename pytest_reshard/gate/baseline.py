@@ -34,6 +34,7 @@ from pytest_reshard.history import History
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
     "device_mem": ("bytes", "peak device memory of the biggest rank (as the workload reports it)"),
+    "device_reserved": ("bytes", "peak device memory the allocator reserved, biggest rank"),
     "peak_mem": ("bytes", "peak RSS (VmHWM) of the biggest rank"),
     "uss": ("bytes", "unique set of the biggest rank at its exit (pages no other process maps)"),
     "pss": ("bytes", "proportional set of the biggest rank at its exit (shared pages divided)"),
@@ -117,6 +118,8 @@ def metrics(history: History) -> dict[str, Any]:
     """The gate's numbers for one run, from its history alone."""
     memory = history.memory()  # rank -> its peaks over every generation
     peaks = [m.peak_bytes for m in memory.values() if m.peak_bytes is not None]
+    reserved = [m.device_reserved_bytes for m in memory.values()
+                if m.device_reserved_bytes is not None]
     uss = [m.uss_bytes for m in memory.values() if m.uss_bytes is not None]
     pss = [m.pss_bytes for m in memory.values() if m.pss_bytes is not None]
     by_rank = {str(r): m.peak_bytes for r, m in memory.items() if m.peak_bytes is not None}
@@ -160,6 +163,7 @@ def metrics(history: History) -> dict[str, Any]:
         "pss": max(pss) if pss else None,
         "memory_method": memory_method(history),
         "device_mem": max(device) if device else None,
+        "device_reserved": max(reserved) if reserved else None,
         "memory_budget": budget,
         "step_time": step_time,
         "throughput": (samples / len(kept)) / step_time if kept and step_time else None,

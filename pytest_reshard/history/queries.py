@@ -513,6 +513,8 @@ class History(MembershipQueries):
         for e in self.rank_events(Ev.MEMORY):
             m = peaks.setdefault(int(e["rank"]), {})
             m["device"] = max(m.get("device", 0), int(e["peak"]))
+            if isinstance(e.get("reserved"), int):
+                m["reserved"] = max(m.get("reserved", 0), e["reserved"])
             if e.get("budget"):
                 m["total"] = int(e["budget"])
         for e in self.rank_events(Ev.EXIT):
@@ -524,7 +526,7 @@ class History(MembershipQueries):
                 if isinstance(sets.get(key), int):
                     m[key] = max(m.get(key, 0), sets[key])
         return {r: RankMemory(r, m.get("peak"), budget, m.get("device"), m.get("total"),
-                              m.get("uss"), m.get("pss"))
+                              m.get("uss"), m.get("pss"), m.get("reserved"))
                 for r, m in sorted(peaks.items())}
 
     def faults_fired(self) -> list[FaultFired]:

@@ -141,9 +141,9 @@ class Detection:
 @dataclass(frozen=True)
 class RankMemory:
     """One rank's memory over the whole run: its highest peak RSS (the supervisor samples VmHWM
-    of every generation's process), the per-rank budget, the device peak and size the
-    workload reported (``run.memory(peak, budget_bytes=device total)``; CUDA on GPU), and the
-    highest unique and proportional sets (USS, PSS) it had at a clean exit."""
+    of every generation's process), the per-rank budget, the device peak, size and reserved peak
+    the workload reported (``run.memory(peak, budget_bytes=, reserved_bytes=)``; CUDA on GPU),
+    and the highest unique and proportional sets (USS, PSS) it had at a clean exit."""
 
     rank: int
     peak_bytes: int | None
@@ -152,6 +152,7 @@ class RankMemory:
     device_total_bytes: int | None = None
     uss_bytes: int | None = None
     pss_bytes: int | None = None
+    device_reserved_bytes: int | None = None
 
     @property
     def headroom_bytes(self) -> int | None:

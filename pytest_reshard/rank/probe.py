@@ -518,9 +518,13 @@ class Run:
         if self.active:
             self.emit(Ev.NOTE, what=ADVICE, check=str(check), text=str(text))
 
-    def memory(self, peak_bytes: int, *, budget_bytes: int | None = None) -> None:
+    def memory(self, peak_bytes: int, *, budget_bytes: int | None = None,
+               reserved_bytes: int | None = None) -> None:
+        """The workload's device memory: its peak allocated (``torch.cuda.max_memory_allocated``),
+        the device's size, and the allocator's peak reserved (``max_memory_reserved``)."""
         if self.active:
-            self.emit(Ev.MEMORY, peak=int(peak_bytes), budget=budget_bytes)
+            self.emit(Ev.MEMORY, peak=int(peak_bytes), budget=budget_bytes,
+                      **({"reserved": int(reserved_bytes)} if reserved_bytes is not None else {}))
 
     def close(self) -> None:
         """Record a clean exit. Call it last, after the final save, then end the script as

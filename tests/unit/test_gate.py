@@ -93,6 +93,8 @@ def _run_on(launcher: str) -> dict:
         if e["ev"] == Ev.GEN_START:
             e["launcher"] = launcher
     for rank in range(b.world_size):
+        b.rank(0, rank, Ev.MEMORY, peak=(300 + rank) * 2**20, budget=2**34,
+               reserved=(400 + rank) * 2**20)
         b.rank(0, rank, Ev.EXIT, code=0, memory={"uss": (100 + rank) * 2**20, "pss": 150 * 2**20})
     return gate.metrics(b.history())
 
@@ -102,6 +104,8 @@ def test_a_run_says_how_its_ranks_were_measured_and_keeps_their_own_sets():
     assert cold["memory_method"] == gate.COLD
     assert forked["memory_method"].startswith("forked from the fork server of pytest-reshard ")
     assert cold["uss"] == 101 * 2**20 and cold["pss"] == 150 * 2**20
+    assert cold["device_mem"] == 301 * 2**20 and cold["device_reserved"] == 401 * 2**20
+    assert list(gate.FIELDS)[:2] == ["device_mem", "device_reserved"]   # a GPU's figures first
 
 
 def test_runs_measured_in_different_ways_are_not_compared():
