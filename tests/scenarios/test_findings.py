@@ -1,5 +1,8 @@
 """The record (``findings/``): for every entry, the harness fails the bug with the named checker,
-passes the fix on every checker, and the harness-free reproduction shows the bug and its fix."""
+passes the fix on every checker, and the harness-free reproduction shows the bug and its fix.
+
+The harness runs (four per entry, with their clean references) are ``nightly``: the nightly
+workflow runs them; every PR runs the reproductions."""
 import subprocess
 import sys
 
@@ -16,6 +19,7 @@ def _run(reshard_run, f: Finding, args: tuple[str, ...]):
                        world_size=f.world_size, steps=f.steps)
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("slug", SLUGS)
 def test_the_harness_names_the_bug(reshard_run, slug):
     f = CATALOG[slug]
@@ -23,6 +27,7 @@ def test_the_harness_names_the_bug(reshard_run, slug):
     assert verdict.status == "fail" and f.message in verdict.message, verdict
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("slug", SLUGS)
 def test_the_fix_passes_every_checker(reshard_run, slug):
     f = CATALOG[slug]
