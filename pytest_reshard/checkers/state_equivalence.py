@@ -9,7 +9,10 @@ step in an earlier generation (or, when nothing was, with the load's own ``expec
   ``checkpoint_loaded``: a rank's own RNG stream, its ZeRO shard) with what *that* rank saved.
 
 A component loaded but never saved (by any rank, or for a per-rank one by that rank), or saved
-but never loaded back (an EMA saved and not restored), fails naming component, rank and step.
+but never loaded back (an EMA saved and not restored), fails naming component, rank and step. A
+rank killed inside its save never records the save; its per-rank state is then compared with
+what it recorded it was about to write (``checkpoint_saving``), and without that record it is
+``unknown``.
 
 At a shrink the leaving ranks' per-rank state is loaded by no rank unless a survivor took it
 over, and digests cannot tell whether that lost anything (a data position per rank may or may
