@@ -55,9 +55,12 @@ _UNITS = {"": 1.0, "b": 1.0, "kb": 2.0 ** 10, "mb": 2.0 ** 20, "gb": 2.0 ** 30, 
 _TERM = re.compile(r"^(?P<field>[a-z_]+):(?P<sign>[+-])(?P<num>\d+(?:\.\d+)?)(?P<unit>%|[a-zA-Z]*)$")
 
 
-#: How the ranks' memory was measured (``memory_method``): in fresh interpreters, as production
-#: starts them, or in ranks forked from the harness's warm server, which map the server's
-#: preloaded memory (so their figures move with what this version of the harness preloads).
+#: The launcher whose ranks are forked from the harness's warm server, and a cold one, whose
+#: ranks start as production starts them, each a fresh interpreter.
+WARM_LAUNCHER, COLD_LAUNCHER = "fork", "local"
+#: How the ranks' memory was measured (``memory_method``): in fresh interpreters, or in ranks
+#: forked from the warm server, which map its preloaded memory (so their figures move with what
+#: this version of the harness preloads).
 COLD = "cold interpreters"
 FORKED = "forked from the fork server of pytest-reshard {version}"
 UNRECORDED = "a way not recorded (a baseline saved before the method was)"
@@ -70,7 +73,7 @@ class GateError(ValueError):
 
 def memory_method(history: History) -> str:
     """``COLD``, or ``FORKED`` with this harness's version when any generation was forked."""
-    if any(g.launcher == "fork" for g in history.generations.values()):
+    if any(g.launcher == WARM_LAUNCHER for g in history.generations.values()):
         return FORKED.format(version=_harness_version())
     return COLD
 

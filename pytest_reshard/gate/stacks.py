@@ -72,8 +72,7 @@ def planted_faults(plant: dict[str, float], generations: list[tuple[int, int]]) 
 #: The gate's ranks start as production starts them, each a fresh interpreter: a rank forked
 #: from the harness's warm server maps the memory the server preloaded and starts warm, so its
 #: memory, step and relaunch figures would move with the harness, not with the stack.
-COLD_LAUNCHER = "local"
-WARM_LAUNCHER = "fork"
+COLD_LAUNCHER, WARM_LAUNCHER = gate.COLD_LAUNCHER, gate.WARM_LAUNCHER
 
 
 def launcher_of(args: list[str]) -> str | None:
