@@ -386,3 +386,34 @@ def diff_table(old: dict[str, Any], new: dict[str, Any], limits: list[Limit],
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines, changes, problems
+
+
+def steps_table(old: dict[str, Any], via: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Each scenario's numbers through a stack between the two: which step cost what."""
+    rows: list[tuple[str, ...]] = []
+    runs = old.get("runs", {}), via.get("runs", {}), new.get("runs", {})
+    for run in sorted(set(runs[0]) & set(runs[1]) & set(runs[2])):
+        for field in FIELDS:
+            a, b, c = (r[run].get(field) for r in runs)
+            if a is None or b is None or c is None:
+                continue
+            rows.append((f"{run.rsplit('::', 1)[-1]} {field}", _fmt(field, a),
+                         f"-> {_fmt(field, b)} ({_delta(field, a, b)})",
+                         f"-> {_fmt(field, c)} ({_delta(field, b, c)})"))
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def mixed_change_note(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """A line saying that torch's version and its build both changed, when they did: the
+    comparison cannot say which of the two cost what."""
+    envs = old.get("environment", {}), new.get("environment", {})
+    versions = [str(e.get("torch", "")).partition("+")[0] for e in envs]
+    builds = [e.get("cuda") for e in envs]
+    if not all(versions) or versions[0] == versions[1] or builds[0] == builds[1]:
+        return []
+    return [f"note: torch's version ({versions[0]} -> {versions[1]}) and its build (CUDA "
+            f"{builds[0]} -> {builds[1]}) both changed; --via ENV (torch {versions[1]} built as "
+            f"the old one, or {versions[0]} built as the new) says which of the two cost what"]

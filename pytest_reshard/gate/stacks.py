@@ -102,16 +102,20 @@ def _pytest_summary(log: Path) -> str:
 
 def run_gate(old: Env, new: Env, *, suite: str, limits: list[gate.Limit], workdir: Path,
              plant: str = "", checkpoint: bool = True, extra: list[str] | None = None,
-             timeout_s: float = 1800.0, out: Callable[[str], None] = print) -> int:
+             timeout_s: float = 1800.0, out: Callable[[str], None] = print,
+             via: Env | None = None) -> int:
+    """``via``: a stack between the two that changes one thing (the new version built as the
+    old one), run too, so the report says which step cost what; old -> new alone is judged."""
     workdir.mkdir(parents=True, exist_ok=True)
-    for stale in ("old", "new", "baselines", "checkpoint", "report.json", "report.md"):
+    for stale in ("old", "via", "new", "baselines", "checkpoint", "report.json", "report.md"):
         target = workdir / stale
         if target.is_dir():
             shutil.rmtree(target)
         elif target.exists():
             target.unlink()
     baselines = workdir / "baselines"
-    stacks = [StackRun("old", old), StackRun("new", new)]
+    stacks = [StackRun("old", old), *([StackRun("via", via)] if via else []),
+              StackRun("new", new)]
     for stack in stacks:
         out(f"[{stack.label}] preparing {stack.env.spec}")
 
@@ -124,7 +128,7 @@ def run_gate(old: Env, new: Env, *, suite: str, limits: list[gate.Limit], workdi
         here = workdir / stack.label
         here.mkdir()
         env = {PLANT_ENV: plant} if plant and stack.label == "new" else {}
-        action = ("save" if stack.label == "old" else "load") if checkpoint else "none"
+        action = {"old": "save", "new": "load"}.get(stack.label, "none") if checkpoint else "none"
         started = time.monotonic()
         out(f"[{stack.label}] suite {suite}" + (f", checkpoint {action}" if checkpoint else "")
             + f" in {stack.env.spec}" + (f" with a planted regression ({plant})" if env else ""))
@@ -201,12 +205,18 @@ def report(stacks: list[StackRun], baselines: Path, limits: list[gate.Limit],
     lines: list[str] = []
     changes: list[gate.Change] = []
     if all(docs):
-        old_doc, new_doc = docs[0], docs[1]
+        old_doc, new_doc = docs[0], docs[-1]
         assert old_doc is not None and new_doc is not None  # all(docs)
         lines, changes, unmatched = gate.diff_table(old_doc, new_doc, limits,
                                                     labels=(f"old ({stacks[0].env.spec})",
-                                                            f"new ({stacks[1].env.spec})"))
+                                                            f"new ({stacks[-1].env.spec})"))
         problems += unmatched
+        if len(docs) == 3:
+            assert docs[1] is not None
+            lines += ["", f"one change at a time: old -> via ({stacks[1].env.spec}) -> new",
+                      *gate.steps_table(old_doc, docs[1], new_doc)]
+        else:
+            lines += gate.mixed_change_note(old_doc, new_doc)
     regressed = [c for c in changes if c.regressed]
     out("")
     out("== pytest-reshard gate: old vs new ==")
@@ -281,6 +291,9 @@ def main(argv: list[str]) -> int:
                         "step_time:+10%%,throughput:-10%%)")
     parser.add_argument("--plant", default="", help="plant a regression in the new stack: "
                         "memory=200MB,step_time=50ms")
+    parser.add_argument("--via", default=None, help="a stack between the two that changes one "
+                        "thing (the new torch version built as the old one), to tell which step "
+                        "cost what")
     parser.add_argument("--dir", default=".reshard-gate", help="where results go")
     parser.add_argument("--envs", default=".reshard-envs", help="where built venvs are cached")
     parser.add_argument("--no-checkpoint", action="store_true",
@@ -306,9 +319,10 @@ def main(argv: list[str]) -> int:
         workdir = Path(args.dir).resolve()
         old, new = (parse_env(s, mounts=[workdir], root=Path(args.envs))
                     for s in (args.old, args.new))
+        via = parse_env(args.via, mounts=[workdir], root=Path(args.envs)) if args.via else None
         return run_gate(old, new, suite=args.suite, limits=limits, workdir=workdir,
                         plant=args.plant, checkpoint=not args.no_checkpoint, extra=extra,
-                        timeout_s=args.timeout)
+                        timeout_s=args.timeout, via=via)
     except (gate.GateError, ValueError, EnvError) as e:
         print(f"pytest-reshard gate: {e}", file=sys.stderr)
         return 2

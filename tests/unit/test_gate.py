@@ -139,3 +139,17 @@ def test_a_process_knows_its_unique_and_proportional_sets():
     rss = procfs.status_bytes("self", "VmRSS")
     assert rss and 0 < sets["uss"] <= sets["pss"] <= rss, (sets, rss)
     assert procfs.memory_sets(2**22 + 7) == {}   # no such process
+
+
+def test_a_stack_between_the_two_says_which_step_cost_what():
+    mb = 2**20
+    doc = lambda torch, cuda, peak: {"environment": {"torch": torch, "cuda": cuda},  # noqa: E731
+                                     "runs": {"u.py::t[steady]": {"peak_mem": peak * mb}}}
+    old, via, new = doc("2.13.0+cpu", None, 333), doc("2.13.0+cu130", "13.0", 805), \
+        doc("2.14.1+cu130", "13.0", 823)
+    assert gate.steps_table(old, via, new) == [
+        "t[steady] peak_mem  333 MB  -> 805 MB (+472 MB, +141.7%)  -> 823 MB (+18 MB, +2.2%)"]
+    note = gate.mixed_change_note(old, new)
+    assert len(note) == 1 and "version (2.13.0 -> 2.14.1) and its build (CUDA None -> 13.0)" \
+        in note[0] and "--via" in note[0], note
+    assert gate.mixed_change_note(via, new) == []      # the version alone changed
