@@ -219,10 +219,11 @@ class AccelerateRun:
         self.close()
 
     @contextmanager
-    def step(self, step: int, batch: Any = None) -> Iterator[_Step]:
-        """One training step: records the batch's sample ids, marks ``forward`` at the start,
-        and at the end records the mean loss over ranks and agrees on a planned stop."""
-        s = self._begin(step, batch, None)
+    def step(self, step: int, batch: Any = None, *, epoch: int | None = None) -> Iterator[_Step]:
+        """One training step: records the batch's sample ids (of ``epoch``, the pass over the
+        data they belong to), marks ``forward`` at the start, and at the end records the mean
+        loss over ranks and agrees on a planned stop."""
+        s = self._begin(step, batch, epoch)
         try:
             yield s
         except BaseException as e:
