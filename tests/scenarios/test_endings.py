@@ -45,12 +45,12 @@ def test_abort_after_close_is_a_clean_exit(reshard_run, launcher):
 
 # -- the fork server's children exit as a cold interpreter does ------------------------------
 ENDINGS = r'''
-import atexit, os, sys, threading, time
+import atexit, os, sys, threading
 out, how = sys.argv[1], sys.argv[2]
 atexit.register(lambda: open(out + ".atexit", "w").write("ran"))
 open(out + ".buffered", "w").write("flushed at exit")     # never closed
 def late():
-    time.sleep(0.3)
+    threading.main_thread().join()                        # returns once the script's main ended
     open(out + ".thread", "w").write("joined")
 threading.Thread(target=late).start()                     # not a daemon: exit waits for it
 print("main is", __name__, os.path.basename(__file__), flush=True)

@@ -122,6 +122,18 @@ class Log:
             os.write(self.fd, (json.dumps({"ev": ev, "t": time.time(), **fields}) + "\n").encode())
 
 
+def _heartbeats_seen(lighthouse: str, replica_ids: list[str]) -> bool:
+    """Whether the Lighthouse's status page lists a heartbeat of every one of ``replica_ids``."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{lighthouse}/status", timeout=5) as reply:
+            page = reply.read().decode()
+    except OSError:
+        return False
+    return all(f"{i}: seen" in page for i in replica_ids)
+
+
 def _ddp_class():
     """torchft's DDP with the comm hook of its later releases (the nightly of 2026-10-26).
 
@@ -296,8 +308,20 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(0.01)
         # ...and their first heartbeats (every 100 ms) must have reached the Lighthouse: one that
         # has not is not waited for, and a quorum of one can still form at step 0 (seen once
-        # in ~10 runs under the harness on 2 loaded cores before this wait)
-        time.sleep(0.5)
+        # in ~10 runs under the harness on 2 loaded cores before this wait). The Lighthouse
+        # says so itself: its status page names a manager (its replica id, a fresh uuid each
+        # incarnation) once a heartbeat of it arrived.
+        if group_rank == 0:
+            wstore.set(f"torchft/replica/{incarnation}/{group}", gstore.get("replica_id"))
+        ids = [wstore.get(f"torchft/replica/{incarnation}/{g}").decode()
+               for g in range(args.groups)]
+        waited = time.monotonic()
+        while not _heartbeats_seen(lighthouse, ids):
+            if time.monotonic() - waited > args.quorum_timeout:
+                raise SystemExit(f"torchft: the Lighthouse saw no heartbeat of {ids} within "
+                                 f"{args.quorum_timeout:.0f} s")
+            time.sleep(0.01)
+        log("heartbeats_seen", waited_s=time.monotonic() - waited)
     model = (DistributedDataParallel if args.torchft_hook else _ddp_class())(manager, net)
     optimizer = Optimizer(manager, inner_opt)
 
