@@ -1,8 +1,8 @@
 """The record (``findings/``): for every entry, the harness fails the bug with the named checker,
 passes the fix on every checker, and the harness-free reproduction shows the bug and its fix.
 
-The harness runs (four per entry, with their clean references) are ``nightly``: the nightly
-workflow runs them; every PR runs the reproductions."""
+Every test here is ``nightly`` (the nightly workflow runs them): an entry costs four harness runs
+with their clean references, and a reproduction that needs two processes starts them itself."""
 import subprocess
 import sys
 
@@ -34,6 +34,7 @@ def test_the_fix_passes_every_checker(reshard_run, slug):
     _run(reshard_run, f, f.fixed_args).assert_ok()
 
 
+@pytest.mark.nightly
 @pytest.mark.parametrize("slug", SLUGS)
 def test_the_reproduction_shows_it_without_the_harness(slug):
     script = CATALOG[slug].folder / "reproduce.py"
