@@ -90,8 +90,11 @@ class Session(ReferenceRuns):
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True)
         (run_dir / OWNER_FILE).write_text(name or run_dir.name)
-        sup = Supervisor(scenario, run_dir, progress=progress or self.progress,
-                         launcher=launcher or self.shared_launcher(scenario))
+        if launcher is None and (launcher := self.shared_launcher(scenario)) is not None:
+            # Warm it on this thread before the scenario's clock starts: a cold server's
+            # imports (3 s quiet, over 10 s at load 7) are the harness's, not the ranks' start.
+            launcher.start()
+        sup = Supervisor(scenario, run_dir, progress=progress or self.progress, launcher=launcher)
         if self.status is not None and live:
             status = self.status
             shown = (name or run_dir.name).split("::")[-1]

@@ -91,6 +91,8 @@ def test_a_healer_that_skips_the_heal_fails_state_equivalence(reshard_run, torch
     assert "rank 1" in v["state_equivalence"].message
 
 
+# delay: the survivor trained alone from 0.94-1.03 s after the kill (the heartbeat timeout) until
+# the group was back, 1.6-2.1 s (CI, load 4.5): 7-12 steps alone; it finished 7.2 s after the kill
 @pytest.mark.reshard(steps=60, member_restart_delay_s=1.5)
 def test_a_group_down_longer_than_the_heartbeat_loses_its_share(reshard_run, torchft_train):
     """What torchft loses, judged from the history: while group 1 is down (1.5 s and its start,
@@ -160,6 +162,7 @@ def test_kill_one_group_of_several_layouts_heals(reshard_run, torchft_train, wor
 def test_a_group_still_down_when_the_others_finish_is_not_restarted(reshard_run, torchft_train):
     """Group 1 is due back after 30 s; group 0 finishes the run alone long before: the pending
     restart is dropped (recorded), the run is complete, and group 1's share is lost."""
+    # 30 s: the survivor finished 2.1 s after the kill (CI, load 4.5)
     result = reshard_run(torchft_train, args=ARGS, member_restart_delay_s=30.0, faults=[KILL])
     h, v = result.history, result.verdicts
     [dropped] = [e for e in h.supervisor_events("member") if e["action"] == "dropped"]
