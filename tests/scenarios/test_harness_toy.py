@@ -106,3 +106,31 @@ def test_a_workload_that_cannot_run_clean_gets_no_fake_comparison(reshard_run, t
     assert result.verdicts["liveness"].status == "fail"
     loss = result.verdicts["loss_continuity"]
     assert loss.status == "unknown" and "clean reference run" in loss.message
+
+
+def test_the_fork_servers_warm_up_is_not_charged_to_the_first_scenario(tmp_path, monkeypatch, toy):
+    """A workload whose preload takes 6 s to import (a heavy framework on a loaded machine), run
+    first in a session: the server warms before the scenario's clock starts (its first event),
+    so its timeout and startup bound are the ranks' own (they were charged with the import,
+    and a first scenario with a 4 s timeout failed at load 6.4)."""
+    import os
+    import time
+
+    from pytest_reshard.contract import Ev
+    from pytest_reshard.session import Session, scenario_from
+    from pytest_reshard.workloads import WorkloadSpec, register, unregister
+
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(6)  # a slow import\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path),
+                                                                   os.environ.get("PYTHONPATH")])))
+    register(WorkloadSpec(name="toy_slow_preload", script=toy, preload=("slow_to_import",)))
+    try:
+        with Session(tmp_path / "art") as session:
+            asked = time.time()
+            history = session.execute(scenario_from("toy_slow_preload", world_size=2, steps=3,
+                                                    timeout_s=120), tmp_path / "art" / "first")
+    finally:
+        unregister("toy_slow_preload")
+    [scenario] = [e for e in history.events if e["ev"] == Ev.SCENARIO]
+    assert scenario["t"] - asked >= 6, "the scenario's clock started before the server was warm"
+    assert history.generations[0].cause == "complete", history.generations[0]
