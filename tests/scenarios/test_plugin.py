@@ -68,10 +68,17 @@ def test_long(reshard_run):
     reshard_run({str(WORKLOADS / "toy_train.py")!r}, stall_s=300)
 """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+    def child() -> None:
+        die_with_parent()   # even if this test's own runner is killed
+        # Python handles Ctrl-C only if SIGINT is not ignored when it starts, and a run started
+        # in the background by a shell (nohup CMD &) ignores it: pytest would never see it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              "--reshard-artifacts=art", "test_long.py"], cwd=tmp_path, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                            preexec_fn=die_with_parent)  # even if this test's own runner is killed
+                            preexec_fn=child)
     try:
         events = tmp_path / "art" / "test_long.py__test_long" / "events"
         deadline = time.monotonic() + 60
