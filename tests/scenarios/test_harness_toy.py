@@ -58,7 +58,10 @@ def test_unplanned_silent_hang_fails_liveness(reshard_run, toy):
         result.assert_live()
 
 
-@pytest.mark.parametrize("launcher", [pytest.param("local", marks=pytest.mark.nightly), "torchrun"])
+# Nightly: cold interpreters (30 s each on 2 cores); every PR runs torchrun in test_endings and the
+# reshard path on the fork launcher here.
+@pytest.mark.nightly
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
 def test_other_launchers_run_the_same_scenario(reshard_run, toy, launcher):
     # timeout: cold ranks (4 + 2 interpreters importing torch) ran 18.8-28.4 s (CI), 26.9 s at
     # load 6.4, 43.4 s at load 4.5 with others' bursts (to 10): the module's 90 s is 2x; 180 is 4x

@@ -50,6 +50,8 @@ def assert_planted_regressions_named(rc, text):
     step = [ln for ln in lines if ln.startswith("REGRESSED") and "median step time" in ln]
     assert step and "beyond step_time:+50ms" in step[0], text
     assert "gate: FAIL (2 regression(s), 0 other failure(s))" in text
+    ran = next(ln for ln in lines if ln.startswith("ranks ran in"))
+    assert ran.count("cold interpreters") == 2, ran   # the stack's memory, not the harness's
 
 
 def test_planted_regression_fails_the_gate_naming_field_and_amount(tmp_path):
@@ -77,6 +79,7 @@ def test_toy(reshard_run):
 '''
 
 
+@pytest.mark.nightly   # every PR's planted-regression gate says its ranks ran cold
 def test_a_harness_that_preloads_more_does_not_move_the_gates_memory(tmp_path):
     """The same venv twice, the new stack's fork server preloading a model library too: the
     gate's ranks are cold interpreters, so their memory is the stack's, and stays within 10%."""
