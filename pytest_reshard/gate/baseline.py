@@ -30,6 +30,8 @@ from typing import Any
 
 from pytest_reshard.contract import Cause, Ev
 from pytest_reshard.history import History
+from pytest_reshard.supervisor.launch.fork import ForkLauncher
+from pytest_reshard.supervisor.launch.local import LocalLauncher
 
 #: Metric name -> (unit, human name). Fields an expression may name.
 FIELDS = {
@@ -57,7 +59,7 @@ _TERM = re.compile(r"^(?P<field>[a-z_]+):(?P<sign>[+-])(?P<num>\d+(?:\.\d+)?)(?P
 
 #: The launcher whose ranks are forked from the harness's warm server, and a cold one, whose
 #: ranks start as production starts them, each a fresh interpreter.
-WARM_LAUNCHER, COLD_LAUNCHER = "fork", "local"
+WARM_LAUNCHER, COLD_LAUNCHER = ForkLauncher.name, LocalLauncher.name
 #: How the ranks' memory was measured (``memory_method``): in fresh interpreters, or in ranks
 #: forked from the warm server, which map its preloaded memory (so their figures move with what
 #: this version of the harness preloads).

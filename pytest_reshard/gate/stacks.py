@@ -5,7 +5,9 @@
 
 In each environment (``pytest_reshard.gate.envs``) it runs the suite (default ``upgrade``: the
 bundled LM under a fixed per-rank memory budget, steady and through a reshard), every rank in a
-cold interpreter (``COLD_LAUNCHER``), and saves its numbers as a baseline; the old stack also
+cold interpreter (``gate.COLD_LAUNCHER``: a rank forked from the harness's warm server
+maps the memory the server preloaded and starts warm, so its figures would move with the
+harness, not the stack), and saves its numbers as a baseline; the old stack also
 writes a DCP checkpoint at world size 4, which the new stack loads at world size 3
 (``pytest_reshard.checkpoints.compat``). Then it prints both stacks side by side and fails
 (exit 1) when a number passed a limit of ``--fail``, a scenario failed or ran in one stack
@@ -67,12 +69,6 @@ def planted_faults(plant: dict[str, float], generations: list[tuple[int, int]]) 
             faults.append(chaos.slow_rank(target="all", at_step=first, steps=count,
                                           delay_ms=plant["step_time"] * 1e3))
     return faults
-
-
-#: The gate's ranks start as production starts them, each a fresh interpreter: a rank forked
-#: from the harness's warm server maps the memory the server preloaded and starts warm, so its
-#: memory, step and relaunch figures would move with the harness, not with the stack.
-COLD_LAUNCHER, WARM_LAUNCHER = gate.COLD_LAUNCHER, gate.WARM_LAUNCHER
 
 
 def launcher_of(args: list[str]) -> str | None:
@@ -167,7 +163,7 @@ def run_stack(label: str, workdir: Path, suite: str, checkpoint: str, extra: lis
     done["suite_exit"] = _call(
         [sys.executable, "-m", "pytest_reshard.cli", suite, "--artifacts", str(here / "artifacts"),
          "--", f"--reshard-save-baseline={label}", f"--reshard-baselines={workdir / 'baselines'}",
-         *([] if launcher_of(extra) else [f"--reshard-launcher={COLD_LAUNCHER}"]), *extra],
+         *([] if launcher_of(extra) else [f"--reshard-launcher={gate.COLD_LAUNCHER}"]), *extra],
         here / "suite.log", here, timeout_s)
     done["suite_seconds"] = round(time.monotonic() - started, 1)
     if checkpoint != "none":
@@ -306,13 +302,13 @@ def main(argv: list[str]) -> int:
         argv, extra = argv[:i], argv[i + 1:]
     args = parser.parse_args(argv)
     try:
-        if launcher_of(extra) == WARM_LAUNCHER:
+        if launcher_of(extra) == gate.WARM_LAUNCHER:
             raise gate.GateError(
-                f"--reshard-launcher={WARM_LAUNCHER}: the gate runs every rank in a cold "
+                f"--reshard-launcher={gate.WARM_LAUNCHER}: the gate runs every rank in a cold "
                 "interpreter, as production does; a rank forked from the warm server maps the "
                 "memory the harness preloaded and starts warm, so its memory, step time and "
                 "relaunch would measure the harness, not the stack. Leave the launcher out "
-                f"(the gate uses {COLD_LAUNCHER}), or name another cold one (torchrun)")
+                f"(the gate uses {gate.COLD_LAUNCHER}), or name another cold one (torchrun)")
         limits = gate.parse(args.fail)
         if args.plant:
             parse_plant(args.plant)
