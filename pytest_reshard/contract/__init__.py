@@ -76,6 +76,8 @@ class Ev(str, enum.Enum):
                                  # what it is about to write)
     CKPT_SAVE = "ckpt_save"    # a completed save of the state after step: step, digest
     CKPT_LOAD = "ckpt_load"    # a completed load of that state: step, digest
+    STATE = "state"            # the live state after a step's update: step, digest (of each
+                               # component as a save of that step would hold it)
     MEMORY = "memory"          # the workload's device memory: peak, budget, reserved
     NOTE = "note"              # free-form: what, ... (the allocator's statistics, for one)
     EXIT = "exit"              # a clean exit (run.close()): code, peak_rss, memory (uss, pss, anon)
@@ -198,10 +200,11 @@ class Cause(str, enum.Enum):
 
 RANK_EVENTS = frozenset({Ev.START, Ev.RESUMED, Ev.BEGIN, Ev.POINT, Ev.RECORD, Ev.END, Ev.ERROR,
                          Ev.FAULT, Ev.NOTICE, Ev.SIGNAL, Ev.REQUEST, Ev.CKPT_SAVING, Ev.CKPT_SAVE,
-                         Ev.CKPT_LOAD, Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE, Ev.LIVE})
+                         Ev.CKPT_LOAD, Ev.STATE, Ev.MEMORY, Ev.NOTE, Ev.EXIT, Ev.FILE, Ev.LIVE})
 #: Rank events whose meaning needs a step number.
 STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAULT,
-                         Ev.CKPT_SAVING, Ev.CKPT_SAVE, Ev.CKPT_LOAD, Ev.RESUMED, Ev.LIVE})
+                         Ev.CKPT_SAVING, Ev.CKPT_SAVE, Ev.CKPT_LOAD, Ev.STATE, Ev.RESUMED,
+                         Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
                                Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON

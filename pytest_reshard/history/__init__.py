@@ -38,12 +38,13 @@ from pytest_reshard.history.records import (Abort, Attempt, Begun, Checkpoint, D
                                             Generation, MemberEvent, Note, Occurrence, Point,
                                             RankMemory, RankRecord, Replay, RssSample, Saved,
                                             ScenarioRecord, Signal, Started, StepError, StepSpan,
-                                            Unfired, LOAD, SAVE, SAVING, file_trail)
+                                            Unfired, LOAD, SAVE, SAVING, STATE,
+                                            file_trail)
 
 __all__ = [
     "History", "HistoryError", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint",
     "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan", "Attempt", "Replay",
     "FileEvent", "Saved", "Begun", "Ended", "Started", "Point", "StepError", "Signal", "Exit",
     "Note", "Unfired", "Abort", "Delivery", "RssSample", "MemberEvent", "RankRecord",
-    "file_trail", "SAVING", "SAVE", "LOAD",
+    "file_trail", "SAVING", "SAVE", "LOAD", "STATE",
 ]

@@ -21,7 +21,7 @@ from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
                                             Begun, Saved, as_enum, decode, fault_fired,
                                             file_event, file_trail, LOAD, SAVE,
-                                            SAVING)
+                                            SAVING, STATE)
 
 __all__ = ["History"]
 
@@ -487,12 +487,14 @@ class History(MembershipQueries):
                     rank: int | None = None) -> list[Checkpoint]:
         """The ``"save"`` or ``"load"`` events (both when ``kind`` is None; of ``gen``, of
         ``rank``), in history order, with the ``seconds`` and ``bytes`` the workload recorded;
-        ``"saving"``: a rank's record that it began writing its part of a save."""
-        kinds = {Ev.CKPT_SAVING: SAVING, Ev.CKPT_SAVE: SAVE, Ev.CKPT_LOAD: LOAD}
+        ``"saving"``: a rank's record that it began writing its part of a save; ``"state"``: the
+        live state after a step."""
+        kinds = {Ev.CKPT_SAVING: SAVING, Ev.CKPT_SAVE: SAVE, Ev.CKPT_LOAD: LOAD, Ev.STATE: STATE}
         if kind is not None and kind not in kinds.values():
             raise KeyError(kind)
         if kind is None:
             kinds.pop(Ev.CKPT_SAVING)
+            kinds.pop(Ev.STATE)
         return [Checkpoint(kind=kinds[e["ev"]], gen=int(e["gen"]), rank=int(e["rank"]),
                            step=int(e["step"]), digest=dict(e.get("digest") or {}),
                            expected=dict(e["expected"]) if e.get("expected") else None,

@@ -86,15 +86,15 @@ class Occurrence:
     gen: int
 
 
-#: A ``Checkpoint``'s ``kind``.
-SAVING, SAVE, LOAD = "saving", "save", "load"
+#: A ``Checkpoint``'s ``kind``; ``STATE``: the live state after a step (``Run.state_after``).
+SAVING, SAVE, LOAD, STATE = "saving", "save", "load", "state"
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A ``ckpt_saving``, ``ckpt_save`` or ``ckpt_load`` event of one rank."""
+    """A ``ckpt_saving``, ``ckpt_save``, ``ckpt_load`` or ``state`` event of one rank."""
 
-    kind: str                    # SAVING | SAVE | LOAD
+    kind: str                    # SAVING | SAVE | LOAD | STATE
     gen: int
     rank: int
     step: int

@@ -421,6 +421,18 @@ class Run:
         differs at an epoch's start is a fail, not an unknown."""
         self._checkpoint(Ev.CKPT_LOAD, step, state_digest, per_rank, state, info)
 
+    def state_after(self, step: int, state_digest: Mapping[str, str] | None = None, *,
+                    state: Mapping[str, Any] | None = None) -> None:
+        """Record the live state after ``step``'s update, as a save of that step would hold it
+        (the same components, digested the same way as for ``checkpoint_saved``).
+
+        With these records ``one_step_checkpoint`` names the step each loaded component really
+        belongs to: a save that copies the state while training goes on (an asynchronous
+        writer given live tensors) holds the weights of a later step under the counters of the
+        step it was saved at. A digest each step costs a pass over the state: record it in
+        runs that judge asynchronous or multi-call saves."""
+        self._checkpoint(Ev.STATE, step, state_digest, (), state, {})
+
     def _checkpoint(self, ev: Ev, step: int, state_digest: Mapping[str, str] | None,
                     per_rank: Sequence[str] | str, state: Mapping[str, Any] | None,
                     info: dict[str, Any]) -> None:

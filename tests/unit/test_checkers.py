@@ -8,7 +8,7 @@ from ..histories import DIGEST, Builder, clean_run, default_loss, reshard_run
 from pytest_reshard import checkers
 from pytest_reshard.checkers import (SPREAD_FACTOR, exactly_once_samples, liveness,
                                      loss_continuity, measure_spread, no_rewind,
-                                     state_equivalence)
+                                     one_step_checkpoint, state_equivalence)
 from pytest_reshard.contract import ADVICE, Ev
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict, combine
@@ -396,6 +396,49 @@ def test_state_equivalence_unknown_without_digests() -> None:
     b.gen(run=range(5), cause="failure")
     b.gen(resume=5, run=range(5, 20), load=(4, DIGEST))      # no save, no expected
     assert state_equivalence(b.history()).status == "unknown"
+
+
+# -- one_step_checkpoint ---------------------------------------------------------------------
+def live_states(b: Builder, gen: int, steps: range) -> Builder:
+    """Rank 0 records its live state after each step: model ``m<step>``, optimizer ``o<step>``."""
+    for s in steps:
+        b.rank(gen, 0, Ev.STATE, step=s, digest={"model": f"m{s}", "optimizer": f"o{s}"})
+    return b
+
+
+def resumed_from(loaded: dict[str, str], *, live: bool = True) -> History:
+    b = Builder()
+    b.gen(run=range(9), cause="failure", saves={7: {"model": "m7", "optimizer": "o7"}})
+    if live:
+        live_states(b, 0, range(9))
+    b.gen(resume=8, run=range(8, 20), load=(7, loaded))
+    return b.history()
+
+
+def test_one_step_checkpoint_passes_a_load_that_holds_the_step_it_was_saved_at() -> None:
+    v = one_step_checkpoint(resumed_from({"model": "m7", "optimizer": "o7", "data": "d"}))
+    assert v.status == "pass" and v.message.startswith("1 load held the step"), v
+
+
+def test_one_step_checkpoint_names_the_steps_a_mixed_checkpoint_holds() -> None:
+    v = one_step_checkpoint(resumed_from({"model": "m8", "optimizer": "o7"}))
+    assert v.status == "fail", v
+    assert v.message.startswith("the checkpoint of step 7 that rank 0 loaded in generation 1 "
+                                "mixes steps: model of step 8; optimizer of step 7."), v.message
+    assert (v.step, v.generation) == (7, 1) and v.details["mixed"][0][3]["model"] == [8]
+
+
+def test_one_step_checkpoint_names_a_checkpoint_wholly_of_a_later_step() -> None:
+    v = one_step_checkpoint(resumed_from({"model": "m8", "optimizer": "o8"}))
+    assert v.status == "fail"
+    assert "holds step 8 (model and optimizer), not the step it was saved at" in v.message, v
+
+
+def test_one_step_checkpoint_cannot_name_steps_without_live_states() -> None:
+    v = one_step_checkpoint(resumed_from({"model": "m8", "optimizer": "o7"}, live=False))
+    assert v.status == "unknown" and "run.state_after" in v.message, v
+    v = one_step_checkpoint(resumed_from({"model": "x", "optimizer": "y"}))
+    assert v.status == "unknown" and "model and optimizer matched no step" in v.message, v
 
 
 # -- liveness --------------------------------------------------------------------------------
