@@ -32,12 +32,15 @@ instance at ``setup``):
   each rank records that it is ``saving``), and the save is recorded only when
   ``Trainer.save_checkpoint`` has returned on this rank (after its barrier: rank 0 has written
   the file) and the file exists;
-- loads: at the first ``on_train_epoch_start`` after the restore (model, optimizers, LR
-  schedulers and loops restored; the data iterator not built yet), with a digest per rank of
-  ``model``, ``optimizer``, ``lr_scheduler``, ``rng`` (this rank's Python, NumPy and torch
-  generators: a ``.ckpt`` does not hold them), ``data`` (epoch and samples into it, where the
-  data stream really resumes: a loader without ``state_dict``/``load_state_dict`` restarts its
-  epoch) and ``loop`` (global step and epoch);
+- loads: at ``on_train_start`` after the restore (model, optimizers, LR schedulers and loops
+  restored), with a digest per rank of ``model``, ``optimizer``, ``lr_scheduler``, ``data``
+  (epoch and samples into it, where the data stream really resumes: a loader without
+  ``state_dict``/``load_state_dict`` restarts its epoch), ``loop`` (global step and epoch) and
+  ``rng`` (this rank's Python, NumPy and torch generators: a ``.ckpt`` does not hold them, a
+  user's callback may). The ``rng`` digest is taken earlier, at ``on_fit_start``: after every
+  callback's ``on_load_checkpoint`` (where a callback restores what it saved), before Lightning
+  builds the data iterator, whose ``iter()`` draws its base seed from torch's generator before
+  ``on_train_start``;
 - a planned reshard or a SIGTERM: every rank agrees after the same batch, the callback writes
   ``last-stop.ckpt`` into the ``ModelCheckpoint``'s folder and sets ``trainer.should_stop``;
   ``ckpt_path="last"`` resumes from the newest ``last*.ckpt``, and a ``ModelCheckpoint(
@@ -45,6 +48,11 @@ instance at ``setup``):
   ``on_train_end``, counting the interrupted epoch as done), so at ``teardown`` rank 0 makes
   ``last-stop.ckpt`` the newest again (its mtime) and logs that it did. (A SIGTERM stop never
   gets there: Lightning's own SIGTERM handling raises at the next batch.)
+- ``state_each_step=True``: after each batch (the optimizer and LR scheduler stepped), the
+  live ``model``, ``optimizer``, ``lr_scheduler`` and ``loop`` as a save would hold them
+  (``run.state_after``), so ``one_step_checkpoint`` can name the step each component of a
+  loaded checkpoint holds (an asynchronous ``CheckpointIO`` that writes live tensors); a
+  digest of the whole state each step, so off by default;
 - ``max_rewind_steps``: the ``ModelCheckpoint``'s ``every_n_train_steps`` (or the batches of an
   epoch for ``every_n_epochs=1``).
 
@@ -157,8 +165,10 @@ def _make(pl: Any) -> type:
         and turns a planned reshard or a SIGTERM into a save of ``last-stop.ckpt`` and a stop."""
 
         def __init__(self, sample_ids: str | int | Callable[[Any], Any] | None = "sample_id", *,
-                     max_rewind_steps: int | None = None, last_name: str = "last-stop") -> None:
+                     max_rewind_steps: int | None = None, last_name: str = "last-stop",
+                     state_each_step: bool = False) -> None:
             self.sample_ids = sample_ids
+            self.state_each_step = state_each_step
             self.max_rewind_steps = max_rewind_steps
             self.last_name = last_name
             self.run = attach()
@@ -166,6 +176,7 @@ def _make(pl: Any) -> type:
             self.loss_sum = 0.0
             self.loaded_step: int | None = None
             self.pending_save: dict[str, str] | None = None
+            self.restored_rng = ""      # the RNG's digest at on_fit_start, after the restore
             self.batches = 0            # batches of the current epoch done
             self.stopping = False
             self.stop_path: str | None = None   # the planned stop's save
@@ -239,9 +250,19 @@ def _make(pl: Any) -> type:
 
         def digests(self, model_sd: Any, optim: Any, sched: Any, loop: Any, data: Any,
                     rng: str) -> dict[str, str]:
+            return {**self.trained(model_sd, optim, sched, loop), "data": probe.digest(data),
+                    "rng": rng}
+
+        def trained(self, model_sd: Any, optim: Any, sched: Any, loop: Any) -> dict[str, str]:
+            """The digests of what training updates: those ``state_each_step`` records."""
             return {"model": probe.digest(model_sd), "optimizer": probe.digest(optim),
-                    "lr_scheduler": probe.digest(sched), "loop": probe.digest(loop),
-                    "data": probe.digest(data), "rng": rng}
+                    "lr_scheduler": probe.digest(sched), "loop": probe.digest(loop)}
+
+        def live(self, trainer: Any, pl_module: Any) -> tuple[Any, Any, Any]:
+            """The model's, optimizers' and LR schedulers' state as ``on_save_checkpoint``'s
+            dict holds them."""
+            return (pl_module.state_dict(), [o.state_dict() for o in trainer.optimizers],
+                    [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs])
 
         def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict) -> None:
             # The dict is what the file will hold; the RNG is this rank's, which it does not hold.
@@ -257,10 +278,17 @@ def _make(pl: Any) -> type:
             self.loaded_step = int(checkpoint.get("global_step", 0)) - 1
             self.loaded_epoch = checkpoint.get("epoch")
 
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            # Every callback's on_load_checkpoint has run (unless the strategy restores after
+            # its setup: then the load is not known yet); the data iterator, whose iter() draws
+            # from torch's generator, is built after this and before on_train_start.
+            if self.loaded_step is not None:
+                self.restored_rng = rng_digest()
+
         # -- the loop ----------------------------------------------------------------------
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-            # Everything is restored by now (model, optimizers, schedulers, loops) and the data
-            # iterator is not built yet: the digests of the restore.
+            # Everything is restored by now (model, optimizers, schedulers, loops): the digests
+            # of the restore, with the RNG as on_fit_start found it.
             gs = trainer.global_step
             self.run.resumed(gs, source="checkpoint" if self.loaded_step is not None else "fresh",
                              max_rewind_steps=self.budget(trainer))
@@ -275,14 +303,16 @@ def _make(pl: Any) -> type:
             done = gs % n if isinstance(n, int) and n and stateful else 0
             self.batches = done
             epoch = gs // n if isinstance(n, int) and n else trainer.current_epoch
+            # the RNG's digest vouches for the restore only if on_fit_start took it: by now the
+            # data iterator has drawn from it
+            at: dict[str, Any] = {"digest_at": "restore, before the data iterator"} \
+                if self.restored_rng else {}
             self.run.checkpoint_loaded(
                 self.loaded_step, self.digests(
-                    pl_module.state_dict(), [o.state_dict() for o in trainer.optimizers],
-                    [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs],
-                    {"global_step": gs, "epoch": self.loaded_epoch},
-                    self.data_position(epoch, done, trainer), rng_digest()),
+                    *self.live(trainer, pl_module), {"global_step": gs, "epoch": self.loaded_epoch},
+                    self.data_position(epoch, done, trainer), self.restored_rng or rng_digest()),
                 per_rank=PER_RANK, path=str(trainer.ckpt_path), world_size=trainer.world_size,
-                resumable_data=stateful, digest_at="restore, before the data iterator")
+                resumable_data=stateful, **at)
 
         def budget(self, trainer: Any) -> int | None:
             if self.max_rewind_steps is not None:
@@ -323,6 +353,10 @@ def _make(pl: Any) -> type:
             if s is not None:
                 s.record(loss=loss)
                 self.run.end_step()
+            if self.state_each_step:
+                self.run.state_after(trainer.global_step - 1, self.trained(
+                    *self.live(trainer, pl_module),
+                    {"global_step": trainer.global_step, "epoch": trainer.current_epoch}))
             if stop and not self.stopping:
                 self.stopping = True
                 self.run.note("planned_stop", step=trainer.global_step - 1,

@@ -5,10 +5,12 @@ downloads.
 Options: ``--dropout P`` (0 by default), ``--batches-per-epoch N`` (the epoch length in steps),
 ``--every-n-train-steps K`` (a mid-epoch checkpoint every K steps; 0: at every epoch's end only),
 ``--ckpt-dir D`` (the ModelCheckpoint's folder; by default ``reshard.output_dir``),
-``--max-steps`` (stop by ``max_steps`` instead of ``max_epochs``).
+``--max-steps`` (stop by ``max_steps`` instead of ``max_epochs``), ``--save-rng`` (a callback
+keeps torch's and Python's RNG states in the checkpoint, which Lightning does not).
 """
 import argparse
 import os
+import random
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -27,6 +29,8 @@ p.add_argument("--ckpt-dir", default=None,
                help="ModelCheckpoint's dirpath (default: reshard.output_dir('lightning-out'))")
 p.add_argument("--max-steps", action="store_true",
                help="stop by max_steps (iteration-based) instead of max_epochs")
+p.add_argument("--save-rng", action="store_true",
+               help="save and restore the RNG states in the checkpoint (a callback)")
 args = p.parse_args()
 
 world = int(os.environ.get("WORLD_SIZE", 1))
@@ -61,6 +65,15 @@ class Regressor(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class RNGState(L.Callback):
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        checkpoint["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        random.setstate(checkpoint["rng"]["python"])
+
+
 L.seed_everything(0, verbose=False)
 model = Regressor()
 data = Synthetic(args.global_batch * args.batches_per_epoch)
@@ -77,5 +90,6 @@ trainer = L.Trainer(strategy="ddp" if world > 1 else "auto", accelerator="cpu", 
                     **({"max_steps": args.steps} if args.max_steps else
                        {"max_epochs": -(-args.steps // args.batches_per_epoch)}), enable_progress_bar=False,
                     enable_model_summary=False, num_sanity_val_steps=0,
-                    callbacks=[reshard.ReshardCallback(sample_ids="sample_id"), checkpoints])
+                    callbacks=[reshard.ReshardCallback(sample_ids="sample_id"), checkpoints,
+                               *([RNGState()] if args.save_rng else [])])
 trainer.fit(model, loader, ckpt_path="last")
