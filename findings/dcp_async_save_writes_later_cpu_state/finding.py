@@ -27,7 +27,10 @@ FINDING = Finding(
           "checkpoints, so the harness misses the bug only if both were. state_equivalence "
           "compares what each load restored with the digest taken when async_save was called "
           "(recorded once the future completed); loss_continuity fails too (the resumed step "
-          "starts from weights one update ahead). What the harness lacked: a digest of the live "
-          "state at each step's end, to say that the checkpoint of step 2 holds step 3; "
-          "without it its hint blames sharding ('the parameters did not round-trip; compare "
-          "how they are sharded'), which is wrong here. With the fix every checker passes.")
+          "starts from weights one update ahead). "
+          "The script records its live state after each step (run.state_after), so "
+          "one_step_checkpoint names it: 'the checkpoint of step 2 that rank 1 loaded in "
+          "generation 1 holds step 3 (model and optimizer), not the step it was saved at' "
+          "(named state_equivalence stays the entry's checker: a write torn across the "
+          "update matches no step, and one_step_checkpoint then says unknown). With the fix "
+          "every checker passes.")

@@ -98,6 +98,7 @@ for step in range(start, args.steps):
         total = loss.detach().clone()
         dist.all_reduce(total)
         s.record(loss=float(total) / world)
+    run.state_after(step, digests())   # so one_step_checkpoint can name the step a save holds
     finish()   # the previous save has had a whole step to write
     stop = run.stop_requested() or run.reshard_requested()
     if (step + 1) % args.every == 0 or stop or step == args.steps - 1:
