@@ -22,7 +22,7 @@ def _steps_held(load: Checkpoint, live: list[Checkpoint]) -> dict[str, set[int]]
 
 
 def _join(names: list[str]) -> str:
-    return " and ".join(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _label(steps: set[int]) -> str:
@@ -73,12 +73,14 @@ def one_step_checkpoint(history: History) -> Verdict:
     if len(groups) == 1:
         (label, names), = groups.items()
         text = (f"{where} holds {label} ({_join(names)}), not the step it was saved at: the save "
-                f"copied the state after training went on")
+                f"copied the state after training went on (an asynchronous writer given live "
+                f"tensors)")
     else:
         parts = [f"{_join(names)} of {label}" for label, names in groups.items()]
         text = (f"{where} mixes steps: {'; '.join(parts)}. A save must copy every component at "
                 f"one step: an asynchronous writer given live tensors writes them as training "
-                f"updates them")
+                f"updates them, and a component saved by a call of its own (a data loader's "
+                f"state beside the model's) may be taken a step apart")
     if len(mixed) > 1:
         text += f" ({len(mixed)} loads in all)"
     return Verdict.failed(CHECK, text + note, step=load.step, rank=load.rank,
