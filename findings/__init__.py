@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 @dataclass(frozen=True)
 class Finding:
     title: str
-    upstream: str            # where it is reported: "pytorch/pytorch#140900"
+    upstream: str            # where it is reported: "pytorch/pytorch#140900"; "unreported: owner/repo"
+    #                          (and the closest report) when nobody has reported it
     affected: str            # the versions that have it
     fixed: str               # the version or patch that fixes it; "open" when nothing does
     reproduced_with: str     # "the real library: torch 2.13.0", or the mechanism and why
