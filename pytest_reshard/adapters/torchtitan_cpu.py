@@ -4,7 +4,7 @@ preloads it first). Not needed on GPUs with NCCL.
 
 Each patch names the upstream problem. What it does not patch is a configuration choice the
 script makes (``attn_backend="sdpa"``, ``spmd_backend="partial_dtensor"``, float32 parameters,
-``disable_cuda_graphs``): see the README's torchtitan section.
+``disable_cuda_graphs``): see docs/guide/frameworks.md, torchtitan.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["apply", "PATCHES"]
 
-#: What each patch works around, for the README and the report.
+#: What each patch works around, for the docs and the report.
 PATCHES = {
     "triton": "torchtitan imports triton unconditionally (distributed/minimal_async_ep/kernels.py) "
               "but does not declare it; the MoE kernels module is replaced by one that raises if used",

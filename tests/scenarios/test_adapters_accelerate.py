@@ -10,7 +10,7 @@ pytest.importorskip("accelerate")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import accelerate as reshard  # noqa: E402
 
-from ..readme_examples import write  # noqa: E402
+from ..doc_examples import write  # noqa: E402
 
 SCRIPT = Path(__file__).parent.parent / "workloads" / "accelerate_train.py"
 reshard.workload("accelerate_train", SCRIPT)
@@ -35,7 +35,7 @@ def test_a_shift_to_one_process_restores_every_component(reshard_run):
 
 @pytest.fixture(scope="module")
 def readme_example(tmp_path_factory):
-    """The README's Accelerate example, unchanged, as workload ``readme_accelerate``."""
+    """The frameworks guide's Accelerate example, unchanged, as workload ``readme_accelerate``."""
     reshard.workload("readme_accelerate", write("Accelerate", tmp_path_factory.mktemp("readme"),
                                                 "readme_accelerate.py"))
     return "readme_accelerate"
@@ -43,7 +43,7 @@ def readme_example(tmp_path_factory):
 
 def test_the_readme_example_survives_a_shift_with_its_saves_in_the_work_folder(
         reshard_run, readme_example, tmp_path, monkeypatch):
-    """The three lines of the README (import, ``instrument``, ``for ... in run.steps``): a shift
+    """The three lines of the frameworks guide (import, ``instrument``, ``for ... in run.steps``): a shift
     2 -> 1 after step 3 resumes at step 4 with every component, and the saves are in the run's
     work folder, not the script's ``output_dir`` (the ranks' working directory here)."""
     monkeypatch.chdir(tmp_path)

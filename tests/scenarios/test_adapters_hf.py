@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import hf  # noqa: E402
 
-from ..readme_examples import write  # noqa: E402
+from ..doc_examples import write  # noqa: E402
 
 SCRIPT = Path(__file__).parent.parent / "workloads" / "hf_train.py"
 hf.workload("hf_train", SCRIPT, preload=("transformers.models.gpt2.modeling_gpt2",))
@@ -133,7 +133,7 @@ def test_a_crash_inside_the_trainers_save_leaves_a_checkpoint_it_cannot_resume_f
 
 @pytest.fixture(scope="module")
 def readme_example(tmp_path_factory):
-    """The README's Trainer example, unchanged, as workload ``readme_hf``."""
+    """The frameworks guide's Trainer example, unchanged, as workload ``readme_hf``."""
     hf.workload("readme_hf", write("Hugging Face Trainer", tmp_path_factory.mktemp("readme"),
                                    "readme_hf.py"),
                 preload=("transformers.models.gpt2.modeling_gpt2",))
@@ -142,7 +142,7 @@ def readme_example(tmp_path_factory):
 
 def test_the_readme_example_saves_into_the_work_folder_and_resumes_from_it(
         reshard_run, readme_example, tmp_path, monkeypatch):
-    """The README's script says ``output_dir="hf-out"`` and nothing about the harness: under it
+    """The guide's script says ``output_dir="hf-out"`` and nothing about the harness: under it
     ``hf.instrument`` moves output_dir to the run's work folder (and logs it), so a preemption
     after step 4 resumes at step 5 from there, and nothing is written to ``hf-out`` (the ranks'
     working directory here), which the clean reference run would share."""

@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 from pytest_reshard import chaos  # noqa: E402
 from pytest_reshard.adapters import lightning as reshard  # noqa: E402
 
-from ..readme_examples import write  # noqa: E402
+from ..doc_examples import write  # noqa: E402
 
 SCRIPT = Path(__file__).parent.parent / "workloads" / "lightning_train.py"
 reshard.workload("lightning_train", SCRIPT)
@@ -97,14 +97,14 @@ def test_a_planned_stop_before_any_save_of_the_generation_resumes_from_the_callb
 
 @pytest.fixture(scope="module")
 def readme_example(tmp_path_factory):
-    """The README's Lightning example, unchanged, as workload ``readme_lightning``."""
+    """The frameworks guide's Lightning example, unchanged, as workload ``readme_lightning``."""
     reshard.workload("readme_lightning", write("Lightning", tmp_path_factory.mktemp("readme"),
                                                "readme_lightning.py"))
     return "readme_lightning"
 
 
 def test_a_planned_stop_mid_epoch_resumes_from_the_callbacks_save(reshard_run, readme_example):
-    """The README's setup, ``ModelCheckpoint(save_last=True, every_n_epochs=1)``, and a shift at
+    """The guide's setup, ``ModelCheckpoint(save_last=True, every_n_epochs=1)``, and a shift at
     step 5 (batch 1 of epoch 1): the callback saves ``last-stop.ckpt`` and sets
     ``should_stop``; Lightning then ends the epoch, and the ModelCheckpoint writes ``last.ckpt``
     at ``on_train_epoch_end`` with the epoch counted as done. ``ckpt_path="last"`` takes the

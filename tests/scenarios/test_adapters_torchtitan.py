@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torchtitan", reason="torchtitan is not installed: see the README's torchtitan "
+pytest.importorskip("torchtitan", reason="torchtitan is not installed: see the frameworks guide's torchtitan "
                                          "section (pip install --no-deps torchtitan==0.3.0 and the "
                                          "`torchtitan` extra)")
 

@@ -1,7 +1,7 @@
 """``pytest-reshard gate`` end to end: real stacks, real processes, a real Docker engine.
 
 Both run a small suite of the toy workload (a user's script), so each stack costs seconds; the
-bundled ``upgrade`` suite and the torch 2.13.0 vs 2.14.1 demo are in the README.
+bundled ``upgrade`` suite and the torch 2.13.0 vs 2.14.1 demo are in docs/guide/regression-gate.md.
 """
 import hashlib
 import os

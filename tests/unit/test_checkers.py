@@ -605,7 +605,7 @@ def test_a_scheduler_sigterm_never_recorded_is_a_pass_only_when_the_probe_would_
 
 def test_loss_continuity_a_resume_across_sizes_may_move_as_a_change_of_size_does() -> None:
     """Dropout drawn per rank: the clean runs at 2 and 3 ranks differ from step 0, before any
-    update, so a resume at 3 ranks may land that far off the 2-rank curve: unknown (the README's
+    update, so a resume at 3 ranks may land that far off the 2-rank curve: unknown (the docs'
     promise for training that depends on the size), not a jump. A leap beyond it still fails."""
     def flat(s: int) -> float:
         return 1.0 - 0.001 * s

@@ -103,7 +103,7 @@ def test_bad_profile_rejected_naming_its_source(pytester, monkeypatch, args, env
 
 
 def test_strategies_is_an_importable_module_under_the_package():
-    """``from pytest_reshard.strategies import schedules`` (the README's path) imports, and it is
+    """``from pytest_reshard.strategies import schedules`` (the documented path) imports, and it is
     the same module as ``pytest_reshard.schedule.strategies`` and the package's attribute."""
     import pytest_reshard
     from pytest_reshard.schedule import strategies as home

@@ -1,4 +1,4 @@
-"""A user's own fault kind and checker, declared in a conftest as the README shows, end to end:
+"""A user's own fault kind and checker, declared in a conftest as the user guide shows, end to end:
 the fault fires inside the rank at its point, the supervisor treats it as its declaration says,
 and the checker shows in the verdict table, verdict.json, report.html and assert_ok()."""
 
