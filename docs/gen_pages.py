@@ -4,6 +4,7 @@ README, the fault and checker references from their registries, and one page per
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import sys
 from pathlib import Path
@@ -70,7 +71,46 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def finding_page(slug: str, f: Finding) -> str:
+CKPT_CHAOS = ROOT / "findings" / "ckpt_chaos.json"   # bench/findings_vs_ckpt_chaos.py writes it
+
+
+def ckpt_chaos_runs() -> dict:
+    """ckpt-chaos's measured verdicts per entry (``{}`` before the benchmark has run)."""
+    return json.loads(CKPT_CHAOS.read_text()) if CKPT_CHAOS.exists() else {}
+
+
+def ckpt_chaos_name(runs: dict) -> str:
+    return f"ckpt-chaos {runs.get('ckpt_chaos_version', '0.1.8')}"
+
+
+def ckpt_chaos_verdict(runs: dict, slug: str) -> str:
+    """"PASS x4", "HARD_FAIL x2, PASS x2", "not applicable: reason", or "not measured"."""
+    entry = runs.get(slug)
+    if entry is None:
+        return "not measured"
+    if entry.get("exit") is None and entry.get("note", "").startswith("not applicable"):
+        return entry["note"]
+    counts = ", ".join(f"{v} x{n}" for v, n in sorted(entry.get("verdicts", {}).items(),
+                                                      key=lambda kv: (-kv[1], kv[0])))
+    control = entry.get("control")
+    if control not in (None, "PASS"):
+        counts = f"{counts}; control {control}" if counts else f"control {control}"
+    return counts or f"no verdict ({entry.get('note', '')})"
+
+
+def ckpt_chaos_line(runs: dict, slug: str) -> str:
+    """The finding page's row: the verdicts, then how they were measured."""
+    verdict = ckpt_chaos_verdict(runs, slug)
+    entry = runs.get(slug)
+    if entry is None or entry.get("exit") is None:
+        return verdict
+    how = (f"`ckpt-chaos run` on the buggy `train.py`, {sum(entry['verdicts'].values())} crash "
+           f"points (mode `before`), no result file; exit {entry['exit']}, "
+           f"{entry['seconds']:.0f} s, measured {runs.get('measured', '?')}")
+    return f"{verdict} ({how}{'; ' + entry['note'] if entry.get('note') else ''})"
+
+
+def finding_page(slug: str, f: Finding, runs: dict) -> str:
     faults = ", ".join(str(x) for x in f.faults())
     train = (f.folder / "train.py").read_text()
     reproduce = (f.folder / "reproduce.py").read_text()
@@ -85,6 +125,7 @@ def finding_page(slug: str, f: Finding) -> str:
 | reproduced with | {cell(f.reproduced_with)} |
 | the harness's verdict | `{f.checker}` fails: "...{cell(f.message)}..." |
 | scenario | {f.world_size} ranks, {f.steps} steps, `{cell(faults)}` |
+| {ckpt_chaos_name(runs)}'s verdict | {cell(ckpt_chaos_line(runs, slug))} |
 
 {f.notes}
 
@@ -113,16 +154,26 @@ bug fails `{f.checker}`, and `{fixed}` passes every checker
 
 def findings() -> None:
     entries = catalog()
+    runs = ckpt_chaos_runs()
+    peer = ckpt_chaos_name(runs)
     lines = ["# Findings", "",
              "Real upstream bugs the harness finds, one folder each under `findings/`: a user's "
              "script under the harness that the named checker fails (and that passes every "
              "checker with the fix), and a reproduction without the harness. Each page says "
              "what broke, in which versions, how the harness saw it and what it needed.", "",
-             "| finding | upstream | has the bug | fixed | checker |", "|---|---|---|---|---|"]
+             f"The last column is what {peer}, our closest peer, says of the same buggy script, "
+             f"measured ({runs.get('measured', 'not yet')}; `bench/findings_vs_ckpt_chaos.py`): "
+             "its `run` mode kills the job before a few of its file events, resumes it with the "
+             "same command and judges the resume. With no result file to compare (these scripts "
+             "write none) it can tell only a resume that exits non-zero (`HARD_FAIL`) from one "
+             "that exits 0 (`PASS`); an entry whose fault it cannot inject says why.", "",
+             f"| finding | upstream | has the bug | fixed | checker | {peer} |",
+             "|---|---|---|---|---|---|"]
     for slug, f in entries.items():
         lines.append(f"| [{cell(f.title)}]({slug}.md) | {cell(upstream_link(f.upstream))} | "
-                     f"{cell(f.affected)} | {cell(f.fixed)} | `{f.checker}` |")
-        write(f"findings/{slug}.md", finding_page(slug, f))
+                     f"{cell(f.affected)} | {cell(f.fixed)} | `{f.checker}` | "
+                     f"{cell(ckpt_chaos_verdict(runs, slug))} |")
+        write(f"findings/{slug}.md", finding_page(slug, f, runs))
     lines += ["", "What the harness ran into that is no other project's bug is "
               "[found while building the harness](while-building.md).", ""]
     write("findings/index.md", "\n".join(lines))
