@@ -13,6 +13,11 @@ come down to whether the resume exited 0 (``PASS``) or not (``HARD_FAIL``), and 
 fault-free control ran (``CONTROL_FAIL``); ``--checkpoint-glob``'s ``LOST_WORK`` needs a
 ``--step-regex`` over a line that names the resumed step, which these scripts do not print.
 
+The crash is on rank 0 (ckpt-chaos's default). Seen with 0.1.8: ``--crash-rank N`` with N > 0
+never crashes (every point "DID NOT CRASH"): ``run`` arms only rank N but does not set
+``CKPT_CHAOS_CRASH_RANK``, and its injector crashes only the rank that variable names (0 by
+default); ``CKPT_CHAOS_CRASH_RANK=N`` in ckpt-chaos's environment works around it.
+
 An entry whose bug needs a fault ckpt-chaos has no way to inject (a resume at another world
 size, a permuted device mesh, a byte flipped in a finished file) is not run; its row says why.
 
@@ -34,6 +39,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -121,19 +127,31 @@ def run_one(f: Finding, base: Path, *, max_points: int, timeout: int, entry_time
            "command": shlex.join(cmd), "note": ""}
     if rc is None:
         got["note"] = f"killed after {entry_timeout} s (the whole ckpt-chaos run)"
+    return {**got, **judge(work, got["note"])}
+
+
+def resume_error(tail: str) -> str:
+    """The last line of a failed resume's output that says what went wrong (its error)."""
+    lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln).strip() for ln in tail.splitlines()]
+    said = [ln for ln in lines if re.match(r"[\w.]*(Error|Exception)\b|terminate called", ln)]
+    line = (said or [ln for ln in lines if ln] or ["(no output)"])[-1]
+    return line if len(line) <= 110 else line[:107] + "..."
+
+
+def judge(work: Path, note: str = "") -> dict:
+    """Verdicts, control and note from a finished ckpt-chaos work folder (its own judging rules,
+    as ``ckpt-chaos judge``); each failed resume's error is read from its ``result.json``."""
     from ckpt_chaos.runner import rejudge   # the rules `ckpt-chaos judge` applies
 
     rows = rejudge(work) if work.is_dir() else []
     if not rows:   # it stopped before any crash point: say why, in its own words
-        last = [ln for ln in text.strip().splitlines() if ln.strip()]
-        got["note"] = (got["note"] or "no crash point judged") + (
-            f": {last[-1].strip()[:300]}" if last else "")
-        return got
+        out = work / "stdout.txt"
+        last = [ln for ln in (out.read_text() if out.exists() else "").splitlines() if ln.strip()]
+        return {"verdicts": {}, "control": None,
+                "note": (note or "no crash point judged") + (f": {last[-1].strip()[:300]}" if last else "")}
     points = [r for r in rows if not r.label.startswith("no crash")]
     control = [r.verdict for r in rows if r.label.startswith("no crash")]
-    got["verdicts"] = dict(sorted(Counter(r.verdict for r in points).items()))
-    got["control"] = control[0] if control else None
-    notes = []
+    notes = [note] if note else []
     events = work / "reference" / "events.log.rank0"
     if events.exists():
         notes.append(f"{len(events.read_text().splitlines())} file events on rank 0")
@@ -141,11 +159,15 @@ def run_one(f: Finding, base: Path, *, max_points: int, timeout: int, entry_time
         notes.append(f"{sum(not r.crashed for r in points)} of {len(points)} did not crash")
     if any(r.drift for r in points):
         notes.append(f"{sum(r.drift for r in points)} plan drift")
-    failed = sorted({r.outcome.raised for r in points if r.outcome.raised})
-    if failed:
-        notes.append(f"resume: {', '.join(failed)}")
-    got["note"] = "; ".join(([got["note"]] if got["note"] else []) + notes)
-    return got
+    errors: Counter = Counter()
+    for rec in (json.loads(p.read_text()) for p in sorted(work.glob("pt_[0-9]*/result.json"))):
+        raised = rec["outcome"]["raised"]
+        if raised:
+            errors[f"{raised}: {resume_error(rec.get('resume_tail', ''))}"] += 1
+    if errors:
+        notes.append("resume failed: " + "; ".join(f"{n}x {e}" for e, n in errors.most_common()))
+    return {"verdicts": dict(sorted(Counter(r.verdict for r in points).items())),
+            "control": control[0] if control else None, "note": "; ".join(notes)}
 
 
 def summary(entry: dict) -> str:
@@ -186,12 +208,23 @@ def main() -> int:
     ap.add_argument("--work", type=Path, help="where ckpt-chaos writes (default: a new temp dir)")
     ap.add_argument("--out", type=Path, default=OUT, help=f"the JSON (default {OUT.relative_to(ROOT)})")
     ap.add_argument("--table", action="store_true", help="print the stored JSON's table, run nothing")
+    ap.add_argument("--rejudge", type=Path, metavar="WORK", help="run nothing: judge the entries "
+                    "finished under WORK (an earlier run's --work) again, keeping their exit, "
+                    "seconds and command from the stored JSON")
     a = ap.parse_args()
     stored = json.loads(a.out.read_text()) if a.out.exists() else {}
     if a.table:
         print(table(stored))
         return 0
     entries = catalog()
+    if a.rejudge:
+        for slug, e in stored.items():
+            if slug in entries and (a.rejudge / slug).is_dir():
+                killed = [n for n in e["note"].split("; ") if n.startswith("killed after")]
+                e.update(judge(a.rejudge.resolve() / slug, killed[0] if killed else ""))
+        a.out.write_text(json.dumps(stored, indent=1) + "\n")
+        print(table(stored))
+        return 0
     unknown = sorted(set(a.only or ()) - set(entries))
     if unknown:
         ap.error(f"no such entry: {', '.join(unknown)}")
