@@ -5,7 +5,9 @@ a second job ``load_state``s it and lists the rest of epoch 1 through ``skip_fir
 Exits 1 when that is not the rest of epoch 1 (accelerate 1.15.0: epoch 0's order, the sampler's
 generator is never saved; ``--live-generator``, the generator saved as it is at the save: an
 order never trained on), or 0 with ``--fixed`` (the generator saved as the epoch began)."""
+import ctypes
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,7 @@ from pathlib import Path
 
 
 def worker(mode: str, folder: Path, variant: str) -> None:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG: die with torchrun
     import torch
     from accelerate import Accelerator
     from accelerate.utils import set_seed
@@ -66,7 +69,8 @@ with tempfile.TemporaryDirectory() as d:
     for mode in ("run", "resume"):
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                "--nproc-per-node", "2", __file__, "--worker", mode, d, variant],
-                              capture_output=True, text=True, timeout=55)
+                              capture_output=True, text=True,
+                              timeout=60)   # 5 s alone on 2 busy cores; 12x for load
         if done.returncode:
             print(done.stdout, done.stderr)
             sys.exit(2)

@@ -104,7 +104,7 @@ def job(mode: str, folder: str, fixed: bool) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)   # torchrun, and so its workers (PR_SET_PDEATHSIG)
         p.communicate(timeout=10)
-        print(f"the {mode} job did not finish in time (the whole run has 100 s)")
+        print(f"the {mode} job did not finish in time (the whole run has 330 s)")
         sys.exit(2)
     if p.returncode:
         print(f"the {mode} job failed:\n{log}")
@@ -116,7 +116,9 @@ if sys.argv[1:2] == ["--worker"]:
     sys.exit(0)
 
 fixed = "--fixed" in sys.argv
-DEADLINE = time.monotonic() + 100   # both jobs together; every wait is bounded by it
+# both jobs together, and every wait is bounded by it: at most 65 s alone on 2 busy cores, 5x
+# that for a loaded machine
+DEADLINE = time.monotonic() + 330
 with tempfile.TemporaryDirectory() as d:
     job("train", d, fixed)
     checkpoint = Path(d) / "out" / "checkpoint-4"

@@ -115,7 +115,7 @@ def start(folder: str, steps: int) -> list[str]:
            "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", "RUST_LOG": "error"}
     done = subprocess.run([sys.executable, __file__, "--job", folder, str(steps),
                            *(["--fixed"] if fixed else [])], env=env, capture_output=True,
-                          text=True, timeout=100)
+                          text=True, timeout=100)   # 14 s alone on 2 busy cores, 7x
     if done.returncode:
         sys.exit(f"the job failed:\n{done.stdout}{done.stderr}")
     return [line for line in done.stdout.splitlines() if line.startswith(("RESUMED", "TRAINED"))]
