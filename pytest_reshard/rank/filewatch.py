@@ -15,8 +15,12 @@ event in the rank's history, in the order it happened, from any thread:
   Rust: the wrapper reports ``open``, ``write`` and ``close`` around the original call, which
   still writes the file itself (the bytes are exactly production's). A kill "before" the write
   leaves the file created and empty; a torn write is the whole file cut to the torn length
-  afterwards, the state a kill mid-write leaves. Both are patched as soon as torch / safetensors
-  is imported, and every name an imported module already bound to them is rebound.
+  afterwards, the state a kill mid-write leaves. safetensors 0.8 and later write a
+  ``.tmpXXXXXX`` beside the file and rename it into place (no fsync): the wrapper has the
+  original write that temporary file and renames it itself, so a crash leaves what a crash of
+  the real writer leaves (a torn or whole temporary, never a torn final file). Both are patched
+  as soon as torch / safetensors is imported, and every name an imported module already bound
+  to them is rebound.
 
 Not seen: writes through a raw descriptor (``os.open`` + ``os.write``, ``io.FileIO``,
 ``tempfile``'s files: their ``open`` is seen, their writes and close are not), ``mmap``, other
@@ -397,14 +401,47 @@ def _patch_torch(torch: Any) -> None:
 def _patch_safetensors(module: Any) -> None:
     original = module.save_file
 
+    atomic = _version(getattr(module, "__version__", None) or _package_version("safetensors")) >= (0, 8)
+
     def save_file(tensors: Any, filename: Any, *args: Any, **kwargs: Any) -> Any:
         watcher = _WATCHER
         if watcher is None:
             return original(tensors, filename, *args, **kwargs)
-        return watcher.native_write(filename, lambda: original(tensors, filename, *args, **kwargs))
+        rel = watcher.rel(filename)
+        if not atomic or rel is None:
+            return watcher.native_write(filename, lambda: original(tensors, filename, *args, **kwargs))
+        # the real writer's own steps: a temporary beside the file, then a rename into place
+        tmp = os.path.join(os.path.dirname(os.fspath(filename)), _temporary_name(rel))
+        out = watcher.native_write(tmp, lambda: original(tensors, tmp, *args, **kwargs))
+        os.rename(tmp, filename)
+        return out
 
     save_file.__wrapped__ = original  # type: ignore[attr-defined]
     _rebind(original, save_file)
+
+
+def _temporary_name(path: str) -> str:
+    """``.tmp`` and six letters, as the ``tempfile`` crate names them; drawn from the file's path
+    in the work folder, so every run of a save makes the same events."""
+    digest = zlib.crc32(path.encode()).to_bytes(4, "big") + zlib.adler32(path.encode()).to_bytes(4, "big")
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    return ".tmp" + "".join(letters[b % len(letters)] for b in digest[:6])
+
+
+def _package_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "0"
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for part in text.split(".")[:2]:
+        digits = "".join(c for c in part if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
 
 
 def _rebind(original: Any, wrapper: Any) -> None:

@@ -118,17 +118,18 @@ def test_a_crash_inside_the_trainers_save_leaves_a_checkpoint_it_cannot_resume_f
     """Any crash inside ``_save_checkpoint`` leaves ``checkpoint-6/`` half written, and
     ``get_last_checkpoint`` takes the newest folder whether or not it is complete (no fallback to
     ``checkpoint-3``: transformers#35525): the job cannot start again. Here rank 0 is killed half
-    way through ``model.safetensors``; the sweep of the whole save (37 crash points) fails at each
-    one."""
+    way through the temporary that safetensors renames to ``model.safetensors``; the sweep of the
+    whole save fails at each of its crash points."""
     from pytest_reshard.session import scenario_from
     from pytest_reshard.sweep import record
 
     points = record(scenario_from("hf_train", world_size=2, steps=8), tmp_path / "record")
-    torn = next(p for p in points if p.mode == "torn" and p.path.endswith("model.safetensors"))
+    torn = next(p for p in points if p.mode == "torn" and p.path.startswith("checkpoint-6/.tmp"))
     result = reshard_run("hf_train", faults=[torn.fault()])
     message = _failed(result, "crash_consistency")
     assert "could not start again after generation 0 left the checkpoint of step 5 incomplete" \
-        in message and "`checkpoint-6/model.safetensors` torn" in message, message
+        in message and f"`write {torn.path}`" in message and "`checkpoint-6/` (6 files) missing" \
+        in message, message
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,44 @@ def test_a_torn_write_keeps_only_the_first_bytes(tmp_path, event, path, size, te
         assert torn == tear
     else:                     # a native writer (torch.save): the whole file cut to half
         assert 0 < torn == events[-1]["tear_bytes"]
+
+
+SAFETENSORS = textwrap.dedent("""
+    import json, sys, pathlib
+    from pytest_reshard import filewatch
+    root = pathlib.Path(sys.argv[1])
+    out = open(sys.argv[2], "a")
+    w = filewatch.install(root, lambda **f: (out.write(json.dumps(f) + "\\n"), out.flush()), lambda: 3)
+    if len(sys.argv) > 3:
+        w.arm(int(sys.argv[3]), sys.argv[4], 0)
+    import torch
+    from safetensors.torch import save_file
+    save_file({"w": torch.ones(1000)}, str(root / "model.safetensors"))
+""")
+
+
+@pytest.mark.parametrize("arm, left", [((), "model"), ((2, "torn"), "torn temporary"),
+                                       ((4, "before"), "whole temporary")])
+def test_a_safetensors_save_is_a_temporary_renamed_into_place_as_the_real_writer_does(
+        tmp_path, arm, left):
+    """safetensors 0.8 writes ``.tmpXXXXXX`` and renames it (no fsync): a crash can leave that
+    temporary, torn or whole, but never a torn ``model.safetensors``."""
+    root = tmp_path / "work"
+    root.mkdir()
+    log = tmp_path / "events.jsonl"
+    (tmp_path / "save.py").write_text(SAFETENSORS)
+    proc = subprocess.run([sys.executable, str(tmp_path / "save.py"), str(root), str(log), *map(str, arm)],
+                          capture_output=True, text=True, timeout=120)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    tmp = events[0]["path"]
+    assert tmp.startswith(".tmp") and len(tmp) == 10, events
+    assert [e["op"] for e in events] == ["open", "write", "close", "rename"][:len(events)]
+    files = {p.name: p.stat().st_size for p in root.iterdir()}
+    if left == "model":
+        assert proc.returncode == 0, proc.stderr
+        assert events[-1]["dst"] == "model.safetensors" and list(files) == ["model.safetensors"]
+        assert files["model.safetensors"] == events[2]["size"]
+    else:
+        assert proc.returncode == -9 and list(files) == [tmp], (proc.stderr, files)
+        whole = len(events) == 4
+        assert whole == (left == "whole temporary") and 0 < files[tmp], files
