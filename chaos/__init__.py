@@ -27,6 +27,7 @@ from pytest_reshard.chaos.hang import hang
 from pytest_reshard.chaos.kill import kill, kill_during_save
 from pytest_reshard.chaos.kill_node import kill_node
 from pytest_reshard.chaos.memory_pressure import memory_pressure
+from pytest_reshard.chaos.power_loss import power_loss
 from pytest_reshard.chaos.preempt import preempt
 from pytest_reshard.chaos.rebalance import rebalance
 from pytest_reshard.chaos.shift_shards import drain, shift_shards
@@ -35,7 +36,7 @@ from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
 __all__ = ["crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_at_file_event",
-           "kill_during_save", "kill_node", "memory_pressure", "preempt", "rebalance",
+           "kill_during_save", "kill_node", "memory_pressure", "power_loss", "preempt", "rebalance",
            "shift_shards", "slow_rank", "Fault"]
 
 

@@ -166,8 +166,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "chaos: a chaos scenario (real processes, injected faults); select with -m chaos",
         "gpu(count=1): needs `count` CUDA devices; skipped with a reason otherwise",
         "nightly: a long chaos run; skipped unless --reshard-nightly",
-        "reshard_sweep(save_step=None, rank=0): which save the file_point sweep crashes, on "
-        "which rank (default: the second save, rank 0)",
+        "reshard_sweep(save_step=None, rank=0, flip=False, power=False): which save the "
+        "file_point sweep crashes, on which rank (default: the second save, rank 0); flip: a "
+        "byte flipped after each data file; power: a power loss before each event",
     ):
         config.addinivalue_line("markers", line)
     shard = config.getoption("reshard_shard", None)

@@ -44,7 +44,7 @@ class FilePoint:
     event: int
     op: str
     path: str
-    mode: str = "before"             # "before" | "torn"
+    mode: str = "before"             # "before" | "torn" | "flip" | "power"
     rank: int = 0
     tear_bytes: int | None = None
 
@@ -57,12 +57,15 @@ class FilePoint:
     def fault(self) -> Any:
         from pytest_reshard import chaos
 
+        if self.mode == "power":
+            return chaos.power_loss(at_step=self.step, event=self.event, rank=self.rank)
         return chaos.kill_at_file_event(at_step=self.step, event=self.event, mode=self.mode,
                                         rank=self.rank, tear_bytes=self.tear_bytes)
 
     def describe(self) -> str:
         how = {"torn": f"killed torn at {self.tear_bytes} bytes of",
-               "flip": "had a byte flipped after"}.get(self.mode, "killed before")
+               "flip": "had a byte flipped after",
+               "power": "lost power before"}.get(self.mode, "killed before")
         return f"rank {self.rank} {how} `{self.op} {self.path}` (event {self.event} of " \
                f"step {self.step})"
 
@@ -107,9 +110,11 @@ FLIP_MIN_BYTES = 64
 
 
 def points(events: Sequence[Any], *, rank: int = 0,
-           save_step: int | None = None, flip: bool = False) -> list[FilePoint]:
+           save_step: int | None = None, flip: bool = False, power: bool = False
+           ) -> list[FilePoint]:
     """Every crash point of one save, from a clean run's events in order (one generation);
-    with ``flip``, one more per data file closed (a byte flipped after it is written)."""
+    with ``flip``, one more per data file closed (a byte flipped after it is written); with
+    ``power``, one more per event (a power loss before it: ``power_loss``)."""
     trail = file_trail(events, begins=True)
     saves = save_steps(trail, rank)
     if not saves:
@@ -140,6 +145,8 @@ def points(events: Sequence[Any], *, rank: int = 0,
         if e.op == FileOp.RENAME and any(path == d for d in made):
             made.append(e.dst)
         out.append(FilePoint(step, n, op, path, "before", rank))
+        if power:
+            out.append(FilePoint(step, n, op, path, "power", rank))
         if e.op == FileOp.WRITE:
             end = next((x.written for x in later[n:]
                         if x.path == path and x.op in (FileOp.FSYNC, FileOp.CLOSE)), None)
@@ -169,8 +176,9 @@ def parametrize(metafunc: Any, state: Any) -> None:
     sweep_opts = marker_options(metafunc.definition, "reshard_sweep")
     rank, save_step = int(sweep_opts.pop("rank", 0)), sweep_opts.pop("save_step", None)
     flip = bool(sweep_opts.pop("flip", False))
+    power = bool(sweep_opts.pop("power", False))
     if sweep_opts:
-        raise pytest.UsageError(f"{where}: reshard_sweep takes save_step=, rank= and flip=, "
+        raise pytest.UsageError(f"{where}: reshard_sweep takes save_step=, rank=, flip= and power=, "
                                 f"not {', '.join(sweep_opts)}")
     s = state.settings
     workload = resolve_workload(workload, Path(metafunc.definition.path))
@@ -186,7 +194,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
         raise pytest.UsageError(f"{where}: reshard_sweep rank={rank} is not a rank of world "
                                 f"size {scenario.world_size}")
     run = getattr(metafunc.config, "workerinput", {}).get("testrunuid") or _SESSION
-    key = hashlib.sha256(json.dumps([scenario.to_dict(), run, rank, save_step, flip], sort_keys=True,
+    key = hashlib.sha256(json.dumps([scenario.to_dict(), run, rank, save_step, flip, power], sort_keys=True,
                                     default=str).encode())
     for path in workload_files(resolve(scenario.workload).argv(scenario.steps, scenario.args)):
         key.update(path.read_bytes())
@@ -198,7 +206,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
         if not recorded.exists():
             try:
                 found = record(scenario, folder / "run", rank=rank, save_step=save_step,
-                               flip=flip)
+                               flip=flip, power=power)
             except (RuntimeError, ValueError) as e:
                 raise pytest.UsageError(f"{where}: {e}") from None
             recorded.write_text(json.dumps([asdict(p) for p in found]))
@@ -210,7 +218,7 @@ _SESSION = uuid.uuid4().hex   # this process's session, when not under xdist
 
 
 def record(scenario: Any, run_dir: Path, *, rank: int = 0, save_step: int | None = None,
-           flip: bool = False) -> list[FilePoint]:
+           flip: bool = False, power: bool = False) -> list[FilePoint]:
     """Run ``scenario`` clean (no faults) recording every file event, and return the crash
     points of one save. Raises ``RuntimeError`` naming the logs if that run did not finish,
     ``ValueError`` if the rank saved nothing there (or not at ``save_step``)."""
@@ -230,6 +238,6 @@ def record(scenario: Any, run_dir: Path, *, rank: int = 0, save_step: int | None
                            f"{': ' + final.detail if final and final.detail else ''}): see "
                            f"{run_dir / 'logs'}")
     try:
-        return points(history.rank_events(gen=0), rank=rank, save_step=save_step, flip=flip)
+        return points(history.rank_events(gen=0), rank=rank, save_step=save_step, flip=flip, power=power)
     except ValueError as e:
         raise ValueError(f"{e} (the clean run: {run_dir})") from None

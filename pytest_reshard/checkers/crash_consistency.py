@@ -126,7 +126,7 @@ class Disk:
     def apply(self, e: FileEvent, save: int | None) -> list[tuple[str, str]]:
         """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
         op, path = e.op, e.path
-        if e.killed == "before" and op != FileOp.CLOSE:
+        if e.killed in ("before", "power") and op != FileOp.CLOSE:
             return []                 # killed before it: it never happened (a close's data is written)
         dst = e.dst
         if op == FileOp.OPEN and e.raw:
@@ -302,6 +302,9 @@ def describe_crash(events: Iterable[Any]) -> str | None:
     for e in file_trail(events):
         if isinstance(e, FileEvent) and e.killed:
             what = f"`{e.op} {e.path}" + (f" -> {e.dst}`" if e.dst else "`")
+            if e.killed == "power":
+                return f"the power went as rank {e.rank} was about to {what} (file event " \
+                       f"{e.n} since the power loss was armed, in step {e.at_step})"
             how = (f"after {e.tear_bytes or 'half the'} bytes of" if e.killed == "torn"
                    else "before")
             return f"rank {e.rank} was killed {how} {what} (file event {e.n} since " \
@@ -382,6 +385,9 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                             f"step {last}, but that checkpoint was not complete on disk: "
                             f"{'; '.join(state.problems[last])}; a save must be finished (an "
                             "async save awaited, its commit written) before the rank exits")
+        lost = _lost_to_power(history, g, state, wanted)
+        if lost:
+            problems.append(f"{lost}, {when}")
         later = [x for x in gens if x > g]
         started = next((x for x in later if history.begun(x)), None)
         if started is None:
@@ -451,6 +457,27 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
     if not judged:
         return Verdict.passed(CHECK, "no generation resumed from the work folder")
     return Verdict.passed(CHECK, "; ".join(judged))
+
+
+def _lost_to_power(history: History, g: int, state: Checkpoints,
+                   wanted: Mapping[int, Mapping[str, int | None]]) -> str | None:
+    """A power loss in generation ``g`` that took the newest save the workload had recorded
+    complete before it: what a save must not lose once it says it is done."""
+    loss = next((p for p in history.power_losses() if p.gen == g), None)
+    cut = next((e.t for e in history.file_trail(gen=g)
+                if isinstance(e, FileEvent) and e.killed == "power"), None)
+    if loss is None or cut is None:
+        return None
+    done = [c.step for c in history.checkpoints("save", gen=g) if c.t < cut and c.step in wanted]
+    if not done or max(done) not in state.problems:
+        return None
+    k = max(done)
+    why = sorted({w for path in wanted[k] if (w := loss.why(path)) is not None})
+    return (f"the power loss took the save of step {k}, which the workload had recorded "
+            f"complete before it: {'; '.join(state.problems[k])}"
+            + (f" ({'; '.join(why)})" if why else "")
+            + ": a save is durable only once its files are fsynced, then renamed into place, "
+            "then their folder fsynced")
 
 
 def _wanted(history: History, manifests_at: Callable[[Sequence[str]], Manifests]

@@ -95,6 +95,8 @@ class Ev(str, enum.Enum):
     MEMBER = "member"          # membership mode: action (a ``MemberAction``) and its fields
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation
                                # (job, nodes), each step (gen, name, nodes)
+    POWER_LOSS = "power_loss"  # what a power loss took (``supervisor/power.py``): gen, renames_undone,
+                               # removed, cut, reasons, not_judged, problems
     HUB = "hub"                # what the hub kept out: refused (reason, host, count), dropped (peer,
                                # reason, count): lines of an authenticated peer it could not accept
 
@@ -206,7 +208,8 @@ STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAU
                          Ev.CKPT_SAVING, Ev.CKPT_SAVE, Ev.CKPT_LOAD, Ev.STATE, Ev.RESUMED,
                          Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
-                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB})
+                               Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB,
+                               Ev.POWER_LOSS})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
 #: object per line over one TCP connection per process. A peer first says hello: a rank
 #: ``{"hello": "rank", "protocol", "gen", "rank", "pid", "t"}`` (``t``: its clock, so the hub can
@@ -351,6 +354,11 @@ class RunDir:
         """The work folder as generation ``gen`` left it (``filewatch.snapshot``), when the
         scenario records file events."""
         return self.events / f"disk-g{gen}.json"
+
+    def replaced(self, gen: int) -> Path:
+        """Hard links to the files renames replaced in generation ``gen`` (``power_loss``: an
+        undone rename brings its file back); removed once the generation is over."""
+        return self.root / f"replaced-g{gen}"
 
     def step_log(self, gen: int) -> Path:
         """Every rank's output of generation ``gen`` in one file, where a scheduler runs them as

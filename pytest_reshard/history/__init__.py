@@ -33,7 +33,7 @@ from __future__ import annotations
 from pytest_reshard.contract import Torn
 from pytest_reshard.history.loading import HistoryError
 from pytest_reshard.history.queries import History
-from pytest_reshard.history.records import (Abort, Attempt, Begun, Checkpoint, Delivery,
+from pytest_reshard.history.records import (Abort, Attempt, Begun, Checkpoint, Delivery, PowerLoss,
                                             Detection, Ended, Exit, FaultFired, FileEvent,
                                             Generation, MemberEvent, Note, Occurrence, Point,
                                             RankMemory, RankRecord, Replay, RssSample, Saved,
@@ -45,6 +45,6 @@ __all__ = [
     "History", "HistoryError", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint",
     "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan", "Attempt", "Replay",
     "FileEvent", "Saved", "Begun", "Ended", "Started", "Point", "StepError", "Signal", "Exit",
-    "Note", "Unfired", "Abort", "Delivery", "RssSample", "MemberEvent", "RankRecord",
+    "Note", "Unfired", "Abort", "Delivery", "PowerLoss", "RssSample", "MemberEvent", "RankRecord",
     "file_trail", "SAVING", "SAVE", "LOAD", "STATE",
 ]

@@ -16,7 +16,7 @@ from pytest_reshard.history.loading import HistoryError, is_supervisor, load_eve
 from pytest_reshard.history.membership import MembershipQueries
 from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
                                             Event, FaultFired, FileEvent, Generation, Note,
-                                            Occurrence, RankMemory, RankRecord, RssSample,
+                                            Occurrence, PowerLoss, RankMemory, RankRecord, RssSample,
                                             ScenarioRecord, Signal, StepError, StepSpan, Exit,
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
                                             Begun, Saved, as_enum, decode, fault_fired,
@@ -206,6 +206,13 @@ class History(MembershipQueries):
         return [Delivery(int(e["gen"]), e.get("fault_id"), e.get("kind"), e.get("grace_s"),
                          _opt_float(e.get("t")))
                 for e in self._supervisor if e["ev"] == Ev.DELIVER]
+
+    def power_losses(self) -> list[PowerLoss]:
+        """What each power loss took, in history order."""
+        return [PowerLoss(int(e["gen"]), tuple(e.get("removed") or ()), dict(e.get("cut") or {}),
+                          dict(e.get("reasons") or {}), tuple(e.get("not_judged") or ()),
+                          tuple(e.get("problems") or ()), _opt_float(e.get("t")))
+                for e in self._supervisor if e["ev"] == Ev.POWER_LOSS]
 
     def rss(self) -> list[RssSample]:
         """The supervisor's peak-RSS samples, in history order."""

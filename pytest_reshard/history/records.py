@@ -236,10 +236,14 @@ class FileEvent:
     size: Any = None             # at a close
     crc: Any = None              # at a close
     written: Any = None          # bytes written, at an fsync or close
-    killed: Any = None           # "before" | "torn": the event a kill fired at
+    killed: Any = None           # "before" | "torn" | "power": the event a kill fired at
     tear_bytes: Any = None
     flip: Any = None             # True on the event a flip fired at
     target: Any = None           # a symlink's target
+    existed: Any = None          # an open for writing: the size of the file already there
+    append: Any = None           # an open for writing that keeps the file's bytes
+    folder: Any = None           # an fsync of a folder
+    kept: Any = None             # a rename: the hard link kept of the file it replaced
     t: float = 0.0
 
 
@@ -357,6 +361,26 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class PowerLoss:
+    """What a power loss took from the work folder (``power_loss``): ``reasons`` says why, per
+    path (a folder: everything under it)."""
+
+    gen: int
+    removed: tuple[str, ...]
+    cut: Mapping[str, int]
+    reasons: Mapping[str, str]
+    not_judged: tuple[str, ...]
+    problems: tuple[str, ...]
+    t: float | None = None
+
+    def why(self, path: str) -> str | None:
+        for where, reason in self.reasons.items():
+            if path == where or path.startswith(where + "/"):
+                return f"`{where}`: {reason}"
+        return None
+
+
+@dataclass(frozen=True)
 class Delivery:
     """A scheduler delivered a planned fault (SLURM's scancel)."""
 
@@ -418,7 +442,8 @@ def file_event(e: Event) -> FileEvent:
                      offset=e.get("offset"), size=e.get("size"), crc=e.get("crc"),
                      written=e.get("written"), killed=e.get("killed"),
                      tear_bytes=e.get("tear_bytes"), flip=e.get("flip"), target=e.get("target"),
-                     t=_t(e))
+                     existed=e.get("existed"), append=e.get("append"), folder=e.get("folder"),
+                     kept=e.get("kept"), t=_t(e))
 
 
 def fault_fired(e: Event) -> FaultFired:

@@ -24,9 +24,14 @@ event in the rank's history, in the order it happened, from any thread:
 
 Not seen: writes through a raw descriptor (``os.open`` + ``os.write``, ``io.FileIO``,
 ``tempfile``'s files: their ``open`` is seen, their writes and close are not), ``mmap``, other
-native writers, the files of child processes, the unlinks inside one ``rmtree`` (it is one
-event), and an fsync of a descriptor the proxy did not open. The crash is a process kill: the
-kernel keeps every byte written; lost page cache (power loss) is not modelled.
+native writers, the files of child processes and the unlinks inside one ``rmtree`` (it is one
+event). An fsync of any descriptor under the folder is seen (``/proc/self/fd`` names it), a
+folder's too. The crash is a process kill, where the kernel keeps every byte written; for a
+power loss (``power_loss``) the events carry what the harness needs to undo what was not
+durable: an open for writing names the size of a file that was already there (``existed``) and
+whether it kept its bytes (``append``); an fsync names the file's size (``size``) or that it
+synced a folder (``folder``); a rename over a file first keeps a hard link to the file it
+replaces (``kept``), so an undone rename can bring it back.
 
 Each event is one ``{"ev": "file", "op": ..., "path": ...}`` line in the rank's events file
 (paths relative to the work folder; ``close`` carries the file's ``size`` and ``crc`` (CRC-32);
@@ -38,6 +43,7 @@ import builtins
 import io
 import os
 import signal
+import stat
 import sys
 import threading
 import zlib
@@ -88,16 +94,27 @@ class Watcher:
         self._flip_path: str | None = None
         self._tear_bytes = 0
         self._fds: dict[int, _WatchedFile] = {}  # descriptor -> its file, for fsync
+        self._power_off: Callable[[], None] | None = None
+        self._keep: str | None = None       # keep_replaced's folder
 
     # -- arming -----------------------------------------------------------------------------
-    def arm(self, event: int, mode: str, tear_bytes: int = 0) -> None:
+    def arm(self, event: int, mode: str, tear_bytes: int = 0,
+            power_off: Callable[[], None] | None = None) -> None:
         """Kill this process at the ``event``-th file mutation from now: before it happens
         (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are written
         (``"torn"``); or, for a ``close``, flip a byte of that file once it is closed and kill at
-        the first file event of a later step (``"flip"``)."""
+        the first file event of a later step (``"flip"``); or cut the power before it
+        (``"power"``: ``power_off()`` kills every process of the machine at once)."""
         with self._lock:
             self.count = 0
             self._kill_at, self._mode, self._tear_bytes = int(event), mode, int(tear_bytes)
+            self._power_off = power_off
+
+    def keep_replaced(self, folder: Path) -> None:
+        """From now on, before a rename replaces a file, keep a hard link to it in ``folder``
+        (outside the work folder): what an undone rename brings back after a power loss."""
+        os.makedirs(folder, exist_ok=True)
+        self._keep = os.fspath(folder)
 
     # -- events -----------------------------------------------------------------------------
     def rel(self, path: Any) -> str | None:
@@ -121,7 +138,9 @@ class Watcher:
             armed = self._kill_at == n
             action = self._mode if armed and (self._mode, op) in (("torn", FileOp.WRITE),
                                                                   ("flip", FileOp.CLOSE)) else None
-            if armed and action is None:
+            if armed and action is None and self._mode == "power":
+                fields["killed"] = "power"
+            elif armed and action is None:
                 if self._mode != "before":
                     fields["note"] = f"{self._mode} was asked for, but event {n} is a {op}"
                 fields["killed"] = "before"
@@ -136,6 +155,8 @@ class Watcher:
                               "was corrupted")
                 armed = True
             self._emit(op=op, path=path, n=n, at_step=step, **fields)
+            if armed and action is None and self._power_off is not None and self._mode == "power":
+                self._power_off()
             if armed and action is None:
                 kill_self()
             return (self._tear_bytes or -1) if action == "torn" else 0
@@ -197,15 +218,44 @@ class Watcher:
             if rels[1] is not None:
                 self.event(op, rels[1], target=os.fsdecode(os.fspath(args[0])))
         elif any(r is not None for r in rels):
-            self.event(op, rels[0] if rels[0] is not None else "(outside)",
-                       **({"dst": rels[1] if rels[1] is not None else "(outside)"}
-                          if paths == 2 else {}))
+            extra: dict[str, Any] = {"dst": rels[1] if rels[1] is not None else "(outside)"} \
+                if paths == 2 else {}
+            if op == FileOp.RENAME and rels[1] is not None:
+                extra.update(self._keep_replaced(args[1]))
+            self.event(op, rels[0] if rels[0] is not None else "(outside)", **extra)
+
+    def _keep_replaced(self, dst: Any) -> dict[str, str]:
+        """A hard link to the file a rename is about to replace (``keep_replaced``)."""
+        if self._keep is None:
+            return {}
+        try:
+            target = os.fsdecode(os.fspath(dst))
+            if not os.path.isfile(target) or os.path.islink(target):
+                return {}
+            name = f"{os.getpid()}-{self.count + 1}"
+            self._local.busy = True
+            os.link(target, os.path.join(self._keep, name))
+        except (OSError, TypeError):
+            return {}
+        finally:
+            self._local.busy = False
+        return {"kept": name}
+
+    @staticmethod
+    def _existing(file: Any, mode: str) -> dict[str, Any]:
+        """What an open for writing finds: the size of a file already there, and whether the
+        open keeps its bytes (``append``: "a" or "r+")."""
+        try:
+            size = os.stat(file).st_size
+        except (OSError, TypeError, ValueError):
+            return {}
+        return {"existed": size, **({"append": True} if "w" not in mode else {})}
 
     def _open(self, file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         rel = None if isinstance(file, int) or not any(c in mode for c in "wax+") else self.rel(file)
         if rel is None:
             return _ORIGINAL_OPEN(file, mode, *args, **kwargs)
-        self.event(FileOp.OPEN, rel)
+        self.event(FileOp.OPEN, rel, **self._existing(file, mode))
         self._local.busy = True
         try:
             real = _ORIGINAL_OPEN(file, mode, *args, **kwargs)
@@ -214,22 +264,37 @@ class Watcher:
         return _WatchedFile(self, real, rel, sequential="w" in mode or "x" in mode)
 
     def _sync(self, original: Callable[[int], None]) -> Callable[[int], None]:
-        def sync(fd: int) -> None:
-            watched = self._fds.get(fd if isinstance(fd, int) else fd.fileno())
+        def sync(fd: Any) -> None:
+            number = fd if isinstance(fd, int) else fd.fileno()
+            watched = self._fds.get(number)
             if watched is not None:
                 watched._flush_pending()
-                self.event(FileOp.FSYNC, watched.rel, written=watched._written)
+                self.event(FileOp.FSYNC, watched.rel, written=watched._written,
+                           size=os.fstat(number).st_size)
+            else:
+                self._sync_other(number)
             return original(fd)
 
         sync.__wrapped__ = original  # type: ignore[attr-defined]
         return sync
+
+    def _sync_other(self, fd: int) -> None:
+        """An fsync of a descriptor the proxy did not open (a folder's, ``os.open``'s)."""
+        try:
+            rel = self.rel(os.readlink(f"/proc/self/fd/{fd}"))
+            st = os.fstat(fd)
+        except OSError:
+            return
+        if rel is not None:
+            self.event(FileOp.FSYNC, rel, **({"folder": True} if stat.S_ISDIR(st.st_mode)
+                                             else {"size": st.st_size}))
 
     def native_write(self, path: Any, write: Callable[[], Any]) -> Any:
         """A native writer's file: its open, write and close, around ``write()``."""
         rel = self.rel(path)
         if rel is None:
             return write()
-        self.event(FileOp.OPEN, rel)
+        self.event(FileOp.OPEN, rel, **self._existing(path, "w"))
         with self._lock:
             next_is_armed = self._kill_at == self.count + 1
         if next_is_armed:   # end state of a kill after the open, before (or mid-way in) the write

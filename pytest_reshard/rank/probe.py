@@ -285,6 +285,8 @@ class Run:
                    max_rewind_steps=max_rewind_steps)
         if plan.get("files"):
             self.watch_files()
+        if plan.get("keep_replaced"):
+            self.watch_files().keep_replaced(run_dir.replaced(self.generation))
 
     # -- recording -------------------------------------------------------------------------
     def _append(self, line: bytes) -> None:
@@ -604,6 +606,22 @@ class Run:
             self._previous_sigterm(signum, frame)
 
     # -- the executors' interface: what a fault kind's ``execute(run, fault)`` may use -------
+    def power_off(self) -> None:
+        """A power cut of this machine: every rank of the generation dies at once (SIGKILL,
+        the peers found by the pids their start events recorded), this one last."""
+        from pytest_reshard.contract import name_of, read_jsonl
+
+        assert self._hub is None, "power_off needs the ranks' events in the run folder"
+        for rank in range(self.world_size):
+            path = self._dir.rank_events(self.generation, rank)
+            if rank == self.rank or not path.exists():
+                continue
+            pids = [e["pid"] for _, e in read_jsonl(path)[0] if name_of(e) == Ev.START]
+            for pid in pids[-1:]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def hold(self, obj: Any) -> None:
         """Keep ``obj`` alive as long as this Run (``memory_pressure``'s allocation), so the
         memory it takes stays taken."""

@@ -16,7 +16,7 @@ from pytest_reshard.reports.table import MARK
 
 __all__ = ["points_of", "matrix_lines", "write_matrix", "masked"]
 
-MODES = ("before", "torn", "flip")
+MODES = ("before", "torn", "flip", "power")
 
 
 def masked(name: str) -> str:

@@ -57,7 +57,8 @@ def file_point(result: Any) -> dict[str, Any] | None:
             files = result.history.file_events()
             hit = next((e for e in files if e.killed and e.gen == 0), None)
             flipped = next((e.path for e in files if e.op == FileOp.FLIP), None)
-            return {"step": f.step, "event": f.params.get("event"), "mode": f.params.get("mode"),
+            mode = "power" if kinds.get(f.kind).loses_unsynced else f.params.get("mode")
+            return {"step": f.step, "event": f.params.get("event"), "mode": mode,
                     "flipped": flipped,
                     "hit": None if hit is None else
                     f"{hit.op} {hit.path}" + (f" -> {hit.dst}" if hit.dst else "")}

@@ -84,6 +84,8 @@ class FaultKind:
       ``nodes``, ...) cannot run this kind, or None.
     - ``watches_files``: the ranks' file events are recorded (``Scenario.files``): the kind
       fires at one of them, and ``crash_consistency`` judges the files it left.
+    - ``loses_unsynced``: the kind undoes what was not durable (a power loss): every rank of
+      the generation keeps a hard link to each file a rename replaces, to bring it back.
     - ``label``: how the report names it (default: ``name``).
     """
 
@@ -98,6 +100,7 @@ class FaultKind:
     min_world_size: int = 1
     requires: Callable[[Mapping[str, Any]], str | None] | None = None
     watches_files: bool = False
+    loses_unsynced: bool = False
     label: str = ""
     doc: str = ""
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -32,7 +33,7 @@ from typing import Any, Callable
 from pytest_reshard import filewatch
 from pytest_reshard.contract import Cause, Env, Ev, RunDir, encode_event, name_of, write_json
 from pytest_reshard.schedule import kinds, resolve_target
-from pytest_reshard.supervisor import launch
+from pytest_reshard.supervisor import launch, power
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
 from pytest_reshard.supervisor.policies.in_place import InPlace
 from pytest_reshard.supervisor.policies.membership import Membership
@@ -177,7 +178,9 @@ class Supervisor:
                            "phase": fault.phase, "params": dict(fault.params),
                            **kinds.executor_of(kinds.get(fault.kind))})
         plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
-                "device_map": self.device_map, "faults": faults, "files": sc.files}
+                "device_map": self.device_map, "faults": faults, "files": sc.files,
+                "keep_replaced": any(kinds.get(f.kind).loses_unsynced for i, f in
+                                     enumerate(sc.schedule.faults) if i not in self.fired)}
         write_json(self.dir.plan(gen), plan, indent=1)
 
     def _specs(self, gen: int, world_size: int, roles: list[str], port: int,
@@ -261,6 +264,7 @@ class Supervisor:
                                       f"({outcome.detail if outcome else 'an error'})"}
                 self._live.kill()
                 self._live = None
+                self._power_loss(gen, len(roles))
                 if sc.files:  # what the next generation will find: every rank is gone now
                     self.dir.disk(gen).write_text(json.dumps(filewatch.snapshot(self.dir.work)))
             del store
@@ -274,6 +278,20 @@ class Supervisor:
             for rank, peak in sorted(peaks.items()):
                 self.record(Ev.RSS, gen=gen, rank=rank, peak_bytes=peak,
                             budget_bytes=sc.memory_budget_bytes)
+
+    def _power_loss(self, gen: int, world_size: int) -> None:
+        """Where the power went in ``gen`` (``power_loss``): undo what was not durable, now
+        that every rank is dead, before the snapshot and the next generation see the folder."""
+        replaced = self.dir.replaced(gen)
+        if not replaced.exists():
+            return
+        self.tail.poll(gen)
+        events = [e for rank in range(world_size) for e in self.tail.events(gen, rank)]
+        if any(name_of(e) == Ev.FILE and e.get("killed") == "power" for e in events):
+            undo = power.undo_of(events)
+            problems = power.apply(undo, self.dir.work, replaced)
+            self.record(Ev.POWER_LOSS, gen=gen, **undo.record(), problems=problems)
+        shutil.rmtree(replaced, ignore_errors=True)
 
     def _go_live(self, gen: int, roles: list[str], outcome: Outcome | None, step: int,
                  problem: str | None) -> Outcome:

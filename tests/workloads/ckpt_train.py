@@ -20,6 +20,16 @@ with a bug that only a crash at the wrong file event shows. ``--save MODE``:
   resume silently starts from the one before (verl#7952). Its commit lags one interval, so its
   rewind budget for a crash is 2 intervals; a planned reshard must still cost nothing.
 
+Three more write ``OUT/model.pt`` through a temporary file (rank 0, ``torch.save``), and are
+judged by a power loss (``power_loss``):
+
+- ``durable`` (correct): the temporary fsynced, renamed over ``model.pt``, the folder fsynced;
+- ``rename_unsynced``: renamed and the folder fsynced, but the temporary's data never was: after
+  a power loss ``model.pt`` is there and empty;
+- ``dir_unsynced``: the temporary fsynced and renamed, but the folder never synced: the rename is
+  undone by a power loss and ``model.pt`` goes back to the save before, one the job had already
+  replaced.
+
 ``OUT/step_N`` holds the state after N steps (the steps 0..N-1); a resume from it prints
 ``resumed from step N``. At the end of training rank 0 writes the final weights to
 ``OUT/final.pt``. It runs under the harness, under torchrun, or as one plain process (gloo, world
@@ -168,11 +178,38 @@ def save_async(job: Job, n: int) -> None:
         job.pending = (future, path, job.digests())  # BUG: the last one is never awaited
 
 
+def sync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_through_temporary(sync_data: bool, sync_folder: bool):
+    def save(job: Job, n: int) -> None:
+        def write() -> None:
+            tmp = job.out / "model.pt.tmp"
+            torch.save({"model": job.net.state_dict(), "optim": job.opt.state_dict(), "steps": n},
+                       tmp)
+            if sync_data:
+                sync(tmp)
+            os.replace(tmp, job.out / "model.pt")
+            if sync_folder:
+                sync(job.out)
+        rank0(job, write)
+        job.saved(n)
+    return save
+
+
 MODES = {"atomic": (save_atomic, resume_latest),
          "inplace": (save_inplace, resume_inplace),
          "latest_first": (save_latest_first, resume_latest),
          "prune_first": (save_prune_first, resume_newest(".metadata")),
-         "async_unawaited": (save_async, resume_newest(".done"))}
+         "async_unawaited": (save_async, resume_newest(".done")),
+         "durable": (save_through_temporary(True, True), resume_inplace),
+         "rename_unsynced": (save_through_temporary(False, True), resume_inplace),
+         "dir_unsynced": (save_through_temporary(True, False), resume_inplace)}
 
 
 def main() -> None:

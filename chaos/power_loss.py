@@ -1,0 +1,59 @@
+"""``power_loss``: the machine loses power at the Nth file event of a save; what was not durable
+is gone when it comes back."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pytest_reshard.chaos._common import target_of, then
+from pytest_reshard.schedule import Fault, ScheduleError
+from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_reshard.rank.probe import Run
+
+
+def power_loss(*, at_step: int, event: int, rank: int | None = 0, target: str | None = None,
+               then_world_size: int | None = None) -> Fault:
+    """The machine loses power just before the ``event``-th file event the rank makes under the
+    work folder from the start of step ``at_step`` on (counted as ``kill_at_file_event`` counts):
+    every rank dies at once, and the work folder comes back as POSIX allows after a crash:
+
+    - each file written in the generation keeps only what an fsync made durable: the size of
+      its last fsync, or, never synced, nothing (removed; left empty where a synced folder or
+      rename names it); a file that was there before keeps its old size when opened to append,
+      and is left empty when opened to truncate;
+    - each rename whose destination folder was not fsynced after it is undone, the file it
+      replaced back in place.
+
+    ``crash_consistency`` then judges the resume as after a kill, and fails a save the workload
+    recorded as complete before the cut that the power loss took away, naming the file that was
+    not synced.
+
+    Layer: the pessimistic end of what a crash of the page cache may leave (as ckpt-chaos's
+    ``unsynced`` mode): real kernels write dirty pages back within seconds, and ext4 syncs a
+    file renamed over another; a run that passes this is durable on any POSIX file system, one
+    that fails may survive a real power cut on a lenient one. The undo is computed from the
+    ranks' file events and applied to the work folder once every rank is dead. Not modelled:
+    writes through raw descriptors or mmap (named as not judged), an unlink, rmtree or mkdir
+    undone, a torn sector, the storage's own cache, and several nodes (one machine only).
+    """
+    if int(event) < 1:
+        raise ScheduleError(f"power_loss event counts from 1, got {event!r}")
+    return Fault("power_loss", target_of(rank, None, target, "one"), at_step, "begin",
+                 {"event": int(event), **then(then_world_size)})
+
+
+def execute(run: Run, fault: Mapping[str, Any]) -> None:
+    run.watch_files().arm(fault["params"]["event"], "power", power_off=run.power_off)
+
+
+def _requires(options: Mapping[str, Any]) -> str | None:
+    if options.get("multi_node") or int(options.get("nodes", 1)) > 1:
+        return ("power_loss cuts one machine, every rank on it: run it with a single-node "
+                "launcher (fork, local or torchrun)")
+    return None
+
+
+register(FaultKind("power_loss", execute=execute, ending=Ending.DEATH, watches_files=True,
+                   loses_unsynced=True, requires=_requires, label="power loss",
+                   doc=power_loss.__doc__ or ""))
