@@ -17,6 +17,7 @@ SCENARIOS = {
     "drain": dict(faults=chaos.drain(world_size=4, fraction=0.5, waves=2, at_step=2, every=3)),
     "kill": dict(faults=[chaos.kill(rank=2, at_step=6, phase="backward")]),
     "kill-replicated": dict(args=REPLICATED, faults=[chaos.kill(rank=1, at_step=6, phase="forward")]),
+    "power-loss": dict(faults=[chaos.power_loss(rank=0, at_step=9, event=1)]),
     "kill-during-save": dict(args=["--ckpt-every", "3"],
                              faults=[chaos.kill_during_save(rank=0, at_step=5, boundary="commit")]),
     "crash-silently": dict(args=REPLICATED,
