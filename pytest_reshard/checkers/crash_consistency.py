@@ -118,6 +118,8 @@ class Disk:
         #: path -> {save: (size, crc)}: what each save wrote there (a file each save rewrites
         #: with the same bytes holds every one of them)
         self.by_save: dict[str, dict[int | None, tuple[Any, Any]]] = {}
+        #: the sources of renames a crash stopped: files waiting under their staging names
+        self.staged: set[str] = set()
 
     def _put(self, path: str, size: Any, crc: Any, save: int | None) -> None:
         self.files[path] = (size, crc, save)
@@ -127,6 +129,8 @@ class Disk:
         """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
         op, path = e.op, e.path
         if e.killed in ("before", "power") and op != FileOp.CLOSE:
+            if op == FileOp.RENAME:
+                self.staged.add(path)
             return []                 # killed before it: it never happened (a close's data is written)
         dst = e.dst
         if op == FileOp.OPEN and e.raw:
@@ -280,7 +284,7 @@ def judge_disk(disk: Mapping[str, Sequence[Any]], wanted: Mapping[int, Mapping[s
                 # thread that no record names): its bytes cannot be told from this save's
                 out.unverified.setdefault(k, []).append(path)
         unnamed = sorted(p for p, by in done.by_save.items() if k in by and p in disk
-                         and p not in wanted[k])
+                         and p not in wanted[k] and not any(_under(p, s) for s in done.staged))
         if unnamed and sum(map(len, missing.values())) == len(wanted[k]) and \
                 {os.path.basename(p) for p in unnamed} == {os.path.basename(p) for p in wanted[k]}:
             # none of the clean run's names, the same files under another folder name: names
@@ -511,7 +515,7 @@ def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Trail,
         if k is not None and k not in wanted and e.op == FileOp.MKDIR and \
                 e.path not in made.get(k, []):
             made.setdefault(k, []).append(e.path)
-        elif e.op == FileOp.RENAME and e.dst and e.killed != "before":   # .tmp -> final
+        elif e.op == FileOp.RENAME and e.dst and e.killed not in ("before", "power"):   # .tmp -> final
             for folders in made.values():
                 folders[:] = [_moved(d, e.path, e.dst) if _under(d, e.path) else d
                               for d in folders]
