@@ -464,7 +464,8 @@ class _Case:
                          f"{self.dev_text(worst)}")
             text += (f" ({self.tol_text(row)})" + ("" if resume is None else
                      "; a resumed state that differs from the saved one (optimizer moments, LR "
-                     "schedule, data position or RNG) does this: see state_equivalence"))
+                     "schedule, data position or RNG) does this: see state_equivalence, and "
+                     "one_step_checkpoint for a save that holds another step"))
             if jumps:
                 j = jumps[0]
                 text += (f"; the loss {'also ' if j.step != s else ''}jumps at resume point step "

@@ -417,7 +417,7 @@ def resumed_from(loaded: dict[str, str], *, live: bool = True) -> History:
 
 def test_one_step_checkpoint_passes_a_load_that_holds_the_step_it_was_saved_at() -> None:
     v = one_step_checkpoint(resumed_from({"model": "m7", "optimizer": "o7", "data": "d"}))
-    assert v.status == "pass" and v.message.startswith("1 load held the step"), v
+    assert v.status == "pass" and v.message.startswith("the one save or load judged held"), v
 
 
 def test_one_step_checkpoint_names_the_steps_a_mixed_checkpoint_holds() -> None:
@@ -425,7 +425,7 @@ def test_one_step_checkpoint_names_the_steps_a_mixed_checkpoint_holds() -> None:
     assert v.status == "fail", v
     assert v.message.startswith("the checkpoint of step 7 that rank 0 loaded in generation 1 "
                                 "mixes steps: model of step 8; optimizer of step 7."), v.message
-    assert (v.step, v.generation) == (7, 1) and v.details["mixed"][0][3]["model"] == [8]
+    assert (v.step, v.generation) == (7, 1) and v.details["mixed"][0][4]["model"] == [8]
 
 
 def test_one_step_checkpoint_names_a_checkpoint_wholly_of_a_later_step() -> None:
@@ -438,7 +438,23 @@ def test_one_step_checkpoint_cannot_name_steps_without_live_states() -> None:
     v = one_step_checkpoint(resumed_from({"model": "m8", "optimizer": "o7"}, live=False))
     assert v.status == "unknown" and "run.state_after" in v.message, v
     v = one_step_checkpoint(resumed_from({"model": "x", "optimizer": "y"}))
-    assert v.status == "unknown" and "model and optimizer matched no step" in v.message, v
+    assert v.status == "unknown" and "model and optimizer of a save or load matched no step" \
+        in v.message and "DDP wrapper" in v.message, v
+
+
+def test_one_step_checkpoint_judges_what_a_save_wrote_even_when_nothing_is_loaded() -> None:
+    b = Builder()
+    b.gen(run=range(9))
+    live_states(b, 0, range(9))    # an async save's record comes after later steps' states
+    b.rank(0, 0, Ev.CKPT_SAVE, step=7, digest={"model": "m8", "optimizer": "o7"})
+    v = one_step_checkpoint(b.history())
+    assert v.status == "fail" and v.message.startswith(
+        "the checkpoint of step 7 that rank 0 saved in generation 0 mixes steps: model of step 8"), v
+    b = Builder()
+    b.gen(run=range(9))
+    live_states(b, 0, range(9))
+    v = one_step_checkpoint(b.history())
+    assert v.status == "unknown" and "no save or load recorded digests" in v.message, v
 
 
 # -- liveness --------------------------------------------------------------------------------
