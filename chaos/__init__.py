@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_reshard.chaos._common import target_of as _target
+from pytest_reshard.chaos.bitflip import bitflip
 from pytest_reshard.chaos.crash_silently import crash_silently
 from pytest_reshard.chaos.ecc_error import ecc_error
 from pytest_reshard.chaos.file_event import kill_at_file_event
@@ -35,7 +36,7 @@ from pytest_reshard.chaos.slow_rank import slow_rank
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
-__all__ = ["crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_at_file_event",
+__all__ = ["bitflip", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_at_file_event",
            "kill_during_save", "kill_node", "memory_pressure", "power_loss", "preempt", "rebalance",
            "shift_shards", "slow_rank", "Fault"]
 

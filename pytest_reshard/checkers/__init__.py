@@ -31,8 +31,10 @@ The built-in checkers, in registration order (the verdict table's columns):
 - ``allocator_fragmentation`` (nccl, or recorded allocator statistics): under 30%.
 - ``crash_consistency`` (scenarios that record file events): each resume loads the newest
   checkpoint complete on disk, never an incomplete one.
-- ``one_step_checkpoint`` (runs that record their live state after each step): every loaded
-  checkpoint holds the state of one step, the step it was saved at.
+- ``one_step_checkpoint`` (runs that record their live state after each step): every saved or
+  loaded checkpoint holds the state of one step, the step it was saved at.
+- ``silent_corruption`` (a scheduled ``bitflip``): no flipped bit reaches a checkpoint before the
+  workload's own check caught it, and no resume loads a corrupted save.
 """
 from __future__ import annotations
 
@@ -57,13 +59,14 @@ from pytest_reshard.checkers.allocator_fragmentation import (FRAGMENTATION_ALERT
                                                              allocator_fragmentation)
 from pytest_reshard.checkers.crash_consistency import crash_consistency
 from pytest_reshard.checkers.one_step_checkpoint import one_step_checkpoint
+from pytest_reshard.checkers.silent_corruption import silent_corruption
 
 __all__ = [
     # the checkers, as pure functions
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
     "liveness", "poisoned_commit", "sample_ledger", "has_roles", "throughput", "role_rate",
     "role_work", "RoleRate", "memory_headroom", "allocator_fragmentation", "crash_consistency",
-    "one_step_checkpoint",
+    "one_step_checkpoint", "silent_corruption",
     # their constants
     "SPREAD_FACTOR", "ROUNDING_FLOOR", "PRE_UPDATE", "PIPELINE_ROLES", "MEMORY_MARGIN",
     "FRAGMENTATION_ALERT", "FRAGMENTATION_MIN_FREE",

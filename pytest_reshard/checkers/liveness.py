@@ -1,7 +1,8 @@
 """liveness: the run finished, and nothing died, hung or went silent unexplained.
 
 The final generation committed the last step; every death, stop or stall is explained by a
-scheduled fault; every scheduled fault fired; every rank started; no rank kept training after a
+scheduled fault (or, for a death, by the workload's own check that caught corrupted state first:
+``run.detected``); every scheduled fault fired; every rank started; no rank kept training after a
 preemption's SIGTERM. A run that never began a step is said once, here, with the end of the
 failing rank's log; the other checkers say ``unknown`` ("the run never started"). A workload whose
 clean reference run fails is a failure of the workload, said first.
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_tail, _ranges, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import Cause, Detected, FileOp
+from pytest_reshard.contract import GUARD, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -290,8 +291,12 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
                               details=details)
     problems = []
     logged = False
+    guarded: dict[int, float] = {}   # generation -> when a rank's own check caught corruption
+    for note in history.notes(GUARD):
+        guarded.setdefault(note.gen, note.t)
     for d in history.detections():
-        if not d.expected:
+        if not d.expected and not (d.kind == Detected.DIED and d.gen in guarded
+                                   and (d.t is None or d.t >= guarded[d.gen])):
             # The first rank that raised (a positive exit code) shows the end of its log once.
             show = not logged and d.kind == Detected.DIED and (d.exit_code or 0) > 0
             logged = logged or show

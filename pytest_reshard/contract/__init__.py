@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS",
-           "RunDir", "ADVICE", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS", "RANK_FILE", "HUB_PROTOCOL",
+           "RunDir", "ADVICE", "GUARD", "FLIPPED", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+           "RANK_FILE", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
            "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
 
@@ -164,6 +165,12 @@ MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE
 #: A rank's note (``run.advise``) that tells one checker's verdict what to do in the workload's
 #: own terms: ``check`` (the checker's name) and ``text``.
 ADVICE = "advice"
+#: A rank's note (``run.detected``) that its own check caught corrupted state: ``kind`` (what the
+#: check is: ``"sdc"``, ``"nan"``), ``step``, ``detail``.
+GUARD = "guard"
+#: A rank's note of what a ``bitflip`` changed: ``tensor``, ``name``, ``index``, ``bit``,
+#: ``before``, ``after``.
+FLIPPED = "flipped"
 
 
 class Refusal(str, enum.Enum):

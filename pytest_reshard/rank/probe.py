@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (ADVICE, HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
+from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
                                      hub_line, hub_secret, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -237,6 +237,7 @@ class Run:
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
         self._ballast: list[Any] = []  # what executors hold (``hold``)
+        self._exposed: dict[str, Any] = {}  # the model and optimizer a bitflip may corrupt
         self._fd = -1
         self._write: Callable[[bytes], Any] = lambda data: None  # one event line, all at once
         #: The errno of an event the run folder refused (full, read-only), else 0.
@@ -524,6 +525,23 @@ class Run:
         """Record a free-form event (shown in the timeline, ignored by checkers)."""
         if self.active:
             self.emit(Ev.NOTE, what=what, **fields)
+
+    def expose(self, *, model: Any = None, optimizer: Any = None) -> None:
+        """Name the model and optimizer whose tensors a ``bitflip`` fault may corrupt (a
+        parameter, its gradient, an optimizer moment). Without it a bitflip cannot fire."""
+        self._exposed = {"model": model, "optimizer": optimizer}
+
+    def exposed(self) -> dict[str, Any]:
+        """What ``expose`` named (executors: ``bitflip``)."""
+        return dict(self._exposed)
+
+    def detected(self, kind: str, step: int, detail: str = "") -> None:
+        """Record that the workload's own check caught corrupted state at ``step`` (a replica
+        checksum that disagrees, a NaN loss): ``kind`` names the check. A rank that then stops
+        the job is judged as stopped by its guard, not as an unexplained death, and a save it
+        records after this is not "unnoticed" (``silent_corruption``)."""
+        if self.active:
+            self.emit(Ev.NOTE, what=GUARD, kind=str(kind), step=int(step), detail=str(detail))
 
     def advise(self, check: str, text: str) -> None:
         """Tell the verdict of ``check`` (a checker's name) what to do in this workload's own

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from pytest_reshard.contract import Cause, Detected, Ev, name_of
+from pytest_reshard.contract import GUARD, Cause, Detected, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.detect import RankWatch, ends, record_detection
 from pytest_reshard.supervisor.launch import LiveGeneration
@@ -70,6 +70,12 @@ class Watch:
     def fault_for(self, rank: int, ending: kinds.Ending) -> dict | None:
         """The fault event that ends ``rank`` this way in this generation, if one fired."""
         return next((e for e in self.tail.events(self.gen, rank) if ends(e, ending)), None)
+
+    def guarded(self) -> bool:
+        """A rank of this generation recorded that its own check caught corrupted state
+        (``run.detected``): a death that follows is the workload stopping itself."""
+        return any(name_of(e) == Ev.NOTE and e.get("what") == GUARD
+                   for r in range(self.world_size) for e in self.tail.events(self.gen, r))
 
     def settle(self, ranks: list[int] | set[int]) -> None:
         """These ranks' exits need no judging (gone by plan, or down for a restart)."""

@@ -52,6 +52,9 @@ class Relaunch:
         if loop.failure is not None:
             rank, detail = loop.failure.rank, loop.failure.detail
             fault = loop.fault_for(rank, kinds.Ending.DEATH)
+            if fault is None and loop.guarded():   # it stopped itself: resume from its save
+                return Outcome(Cause.FAILURE, detail=f"{detail}, after the workload's own check "
+                               "caught corrupted state", next_world_size=loop.world_size)
             if fault is None:
                 return Outcome(Cause.FAILURE, detail=detail)
             after = int(fault["params"].get("then_world_size") or loop.world_size)
