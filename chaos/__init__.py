@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_reshard.chaos._common import target_of as _target
+from pytest_reshard.chaos.abort_comms import abort_comms
 from pytest_reshard.chaos.bitflip import bitflip
 from pytest_reshard.chaos.crash_silently import crash_silently
 from pytest_reshard.chaos.ecc_error import ecc_error
@@ -36,9 +37,9 @@ from pytest_reshard.chaos.slow_rank import slow_rank
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
-__all__ = ["bitflip", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill", "kill_at_file_event",
-           "kill_during_save", "kill_node", "memory_pressure", "power_loss", "preempt", "rebalance",
-           "shift_shards", "slow_rank", "Fault"]
+__all__ = ["abort_comms", "bitflip", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill",
+           "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "power_loss",
+           "preempt", "rebalance", "shift_shards", "slow_rank", "Fault"]
 
 
 def fault(kind: str, *, at_step: int, phase: str, rank: int | None = None,

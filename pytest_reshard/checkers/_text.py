@@ -108,6 +108,30 @@ def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) 
             + " ends:\n    " + "\n    ".join(tail))
 
 
+def _stack(run_dir: str | Path | None, gen: int, rank: int, frames: int = 6) -> str:
+    """``; its main thread was in: File "train.py", line 80 in main <- ...``: the innermost frames
+    of the main thread in the last stack dump of the rank's log (``STACK_SIGNAL``), or ""."""
+    if run_dir is None:
+        return ""
+    try:
+        with open(RunDir(Path(run_dir)).log(gen, rank), "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    blocks: list[list[str]] = []
+    for ln in lines:
+        if "thread 0x" in ln.lower() and "(most recent call first)" in ln:
+            blocks.append([])
+        elif blocks and ln.startswith("  File "):
+            blocks[-1].append(ln.strip())
+    main = next((b for b in reversed(blocks) if any(f.endswith(" in <module>") for f in b)), None)
+    if not main:
+        return ""
+    script = next(i for i, f in enumerate(main) if f.endswith(" in <module>"))
+    return "; its main thread was in: " + " <- ".join(main[:script + 1][:frames])
+
+
 def _last_traceback(lines: list[str]) -> str:
     """``File "train.py", line 12, in main: raise RuntimeError("boom") -> RuntimeError: boom``:
     the last frame and the exception of the last traceback in ``lines`` ("" if none). What a

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_reshard.checkers._text import _log_tail, _ranges, _summarise
+from pytest_reshard.checkers._text import _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import GUARD, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
@@ -48,8 +48,12 @@ def _what(d: Detection) -> str:
     return words.get(d.kind, f"{who} {d.kind} {at}")
 
 
-def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False) -> str:
+def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False,
+                        stacks: Path | None = None) -> str:
+    """``stacks``: the run folder whose logs hold a stalled rank's stack dump."""
     tail = _log_tail(run_dir if log else None, d.gen, d.rank) if d.rank is not None else ""
+    if d.kind == Detected.STALLED and d.rank is not None:
+        tail = _stack(stacks or run_dir, d.gen, d.rank) + tail
     return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
 
 
@@ -272,6 +276,7 @@ def liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
 def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict:
     check = "liveness"
     folder = Path(run_dir) if run_dir is not None else None
+    stacks = folder or (Path(history.run_dir) if history.run_dir is not None else None)
     final = history.final_generation
     if final is None:
         return Verdict.unknown(check, "the history has no generation: no rank recorded anything")
@@ -300,7 +305,8 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
             # The first rank that raised (a positive exit code) shows the end of its log once.
             show = not logged and d.kind == Detected.DIED and (d.exit_code or 0) > 0
             logged = logged or show
-            problems.append({"message": _describe_detection(d, folder, log=show), "step": d.step,
+            problems.append({"message": _describe_detection(d, folder, log=show, stacks=stacks),
+                             "step": d.step,
                              "rank": d.rank, "generation": d.gen, "fault": None})
     problems.extend(_trained_after_sigterm(history))
     fired_ranks: set[tuple[int, int | None]] = {(f.gen, f.rank) for f in history.faults_fired()}

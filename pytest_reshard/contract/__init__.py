@@ -24,6 +24,7 @@ import hmac
 import json
 import os
 import re
+import signal
 import socket
 import time
 import zlib
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS",
-           "RunDir", "ADVICE", "GUARD", "FLIPPED", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+           "RunDir", "ADVICE", "GUARD", "FLIPPED", "STACK_SIGNAL", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
            "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
@@ -161,6 +162,11 @@ MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE
              FileOp.SYMLINK, FileOp.LINK, FileOp.TRUNCATE, FileOp.COPY, FileOp.UNLINK,
              FileOp.RMDIR, FileOp.RMTREE)
 
+
+#: The signal on which a rank's Python dumps every thread's stack into its log (``faulthandler``,
+#: registered by the probe where the workload left the signal alone): the supervisor sends it to
+#: a stalled rank before it kills it, so the verdict shows where the rank was stuck.
+STACK_SIGNAL = signal.SIGUSR2
 
 #: A rank's note (``run.advise``) that tells one checker's verdict what to do in the workload's
 #: own terms: ``check`` (the checker's name) and ``text``.

@@ -39,6 +39,7 @@ import collections
 import contextlib
 import ctypes
 import errno
+import faulthandler
 import functools
 import hashlib
 import json
@@ -53,8 +54,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, Env, Ev, RunDir, encode_event, hub_hello,
-                                     hub_line, hub_secret, seal)
+from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, STACK_SIGNAL, Env, Ev, RunDir,
+                                     encode_event, hub_hello, hub_line, hub_secret, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -282,6 +283,8 @@ class Run:
             beat = functools.partial(_touch, path, supervisor, self)
         threading.Thread(target=_beat, args=(beat, self._beating), name="reshard-heartbeat",
                          daemon=True).start()
+        if signal.getsignal(STACK_SIGNAL) == signal.SIG_DFL:   # the workload's own stays
+            faulthandler.register(STACK_SIGNAL, all_threads=True)   # stacks into the log
         self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
         if plan.get("files"):

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from pytest_reshard.contract import GUARD, Cause, Detected, Ev, name_of
+from pytest_reshard.contract import GUARD, STACK_SIGNAL, Cause, Detected, Ev, name_of
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.detect import RankWatch, ends, record_detection
 from pytest_reshard.supervisor.launch import LiveGeneration
@@ -25,6 +25,9 @@ __all__ = ["Watch", "WatchContext", "Outcome", "Status", "Failure", "PendingEnd"
 
 #: How often the watch loop looks at the ranks: a death is seen within one poll.
 POLL_S = 0.02
+#: How long a stalled rank gets to write its stacks: faulthandler writes them from its C signal
+#: handler in milliseconds, whatever the Python threads are doing.
+STACK_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -232,10 +235,16 @@ class Watch:
                 return policy.outcome(codes)   # done, but slow to end: ended as a scheduler would
             if now - self.last_progress > limit and self.failure is None and not closing and \
                     (pending is None or pending.deadline is None):
-                # Everyone is alive and silent: blame the rank a hang fault fired on, if any.
+                # Everyone is alive and silent: blame the rank a hang fault fired on, if any,
+                # else one a fault meant to kill that lives on (it swallowed a comms abort).
                 culprit = self.ranks.faulted(kinds.Ending.HANG)
+                if culprit is None:
+                    culprit = self.ranks.faulted(kinds.Ending.DEATH)
+                    culprit = culprit if culprit is not None and codes.get(culprit, 0) is None \
+                        else None
                 rank = culprit if culprit is not None else \
                     min((r for r, c in codes.items() if c is None), default=0)
+                self._dump_stack(rank)
                 self._end_hung(rank, self._hang(Detected.STALLED, rank, since=None))
                 continue
             if now > self.ctx.deadline:
@@ -252,6 +261,26 @@ class Watch:
         after = int(fault["params"].get("then_world_size") or self.world_size)
         return Outcome(Cause.HANG, fault_id=fault["id"], detail=detail, next_world_size=after,
                        lost_rank=rank)
+
+    def _dump_stack(self, rank: int) -> None:
+        """Ask a stalled rank for every thread's stack (``STACK_SIGNAL``: the probe's
+        faulthandler writes them into its log) and wait, bounded, until its log has them."""
+        log = self.ctx.run_dir.log(self.gen, rank)
+        try:
+            before = log.stat().st_size
+        except OSError:
+            return
+        self.live.signal(rank, STACK_SIGNAL)
+        until, last = time.monotonic() + STACK_WAIT_S, before
+        while time.monotonic() < until:
+            time.sleep(POLL_S)
+            try:
+                size = log.stat().st_size
+            except OSError:
+                return
+            if before < size == last:   # it grew, and has stopped growing
+                return
+            last = size
 
     def _end_hung(self, rank: int, outcome: Outcome) -> None:
         """Kill only the hung rank and treat it as a death: its peers then fail their next

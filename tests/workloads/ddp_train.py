@@ -9,6 +9,7 @@ group once ``destroy_process_group`` dropped the others) are freed in a live int
 """
 import argparse
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def main() -> None:
     p.add_argument("--abort-after-close", action="store_true",
                    help="os.abort() right after run.close(): a teardown that dies of SIGABRT "
                         "once every step ended (as FSDP2 under torchrun sometimes does)")
+    p.add_argument("--retry-comm-errors", action="store_true",
+                   help="BUG: a failed all-reduce is retried forever, though its group is gone "
+                        "(what a job that swallows a communicator abort does)")
     args = p.parse_args()
 
     run = probe.attach(max_rewind_steps=args.ckpt_every)
@@ -81,7 +85,15 @@ def main() -> None:
             s.point("optimizer")
             opt.step()
             global_loss = loss.detach().clone()
-            dist.all_reduce(global_loss)
+            while True:
+                try:
+                    dist.all_reduce(global_loss)
+                    break
+                except (RuntimeError, ValueError) as e:
+                    if not args.retry_comm_errors:
+                        raise
+                    print(f"all_reduce failed ({str(e)[:80]}); retrying", flush=True)
+                    time.sleep(0.5)
             s.record(loss=global_loss.item() / world)
         stop = torch.tensor(float(bool(run.reshard_requested() or run.stop_requested())))
         dist.all_reduce(stop, op=dist.ReduceOp.MAX)

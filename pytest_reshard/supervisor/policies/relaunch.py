@@ -52,6 +52,9 @@ class Relaunch:
         if loop.failure is not None:
             rank, detail = loop.failure.rank, loop.failure.detail
             fault = loop.fault_for(rank, kinds.Ending.DEATH)
+            victim = loop.ranks.faulted(kinds.Ending.DEATH)
+            if fault is None and victim is not None:   # a peer died first of the victim's fault
+                rank, fault = victim, loop.fault_for(victim, kinds.Ending.DEATH)
             if fault is None and loop.guarded():   # it stopped itself: resume from its save
                 return Outcome(Cause.FAILURE, detail=f"{detail}, after the workload's own check "
                                "caught corrupted state", next_world_size=loop.world_size)
