@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.schedule import Fault
-from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
@@ -42,5 +42,12 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
     abort()
 
 
-register(FaultKind("abort_comms", execute=execute, ending=Ending.DEATH, min_world_size=2,
-                   label="comms abort", doc=abort_comms.__doc__ or ""))
+def _draw(draw: Any, ctx: DrawContext) -> Fault:
+    from hypothesis import strategies as st
+
+    return abort_comms(rank=draw(st.integers(0, ctx.world_size - 1)), at_step=ctx.step,
+                       phase=ctx.phase)
+
+
+register(FaultKind("abort_comms", execute=execute, ending=Ending.DEATH, draw=_draw,
+                   min_world_size=2, label="comms abort", doc=abort_comms.__doc__ or ""))

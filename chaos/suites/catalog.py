@@ -18,6 +18,7 @@ SCENARIOS = {
     "kill": dict(faults=[chaos.kill(rank=2, at_step=6, phase="backward")]),
     "kill-replicated": dict(args=REPLICATED, faults=[chaos.kill(rank=1, at_step=6, phase="forward")]),
     "power-loss": dict(faults=[chaos.power_loss(rank=0, at_step=9, event=1)]),
+    "abort-comms": dict(faults=[chaos.abort_comms(rank=1, at_step=6, phase="backward")]),
     "kill-during-save": dict(args=["--ckpt-every", "3"],
                              faults=[chaos.kill_during_save(rank=0, at_step=5, boundary="commit")]),
     "crash-silently": dict(args=REPLICATED,

@@ -42,7 +42,7 @@ def test_lm_survives_generated_schedules(session, pytestconfig):
     seed = int(pytestconfig.getoption("reshard_seed") or pytestconfig.getini("reshard_seed"))
 
     @strategies.profile()
-    @given(strategies.schedules(WORLD, STEPS, kinds=("kill", "shift_shards", "preempt"),
+    @given(strategies.schedules(WORLD, STEPS, kinds=("kill", "abort_comms", "shift_shards", "preempt"),
                                 max_faults=3, world_sizes=SIZES, phases=LM_PHASES, seed=seed))
     def prop(schedule):
         scenario = scenario_from("lm", world_size=WORLD, steps=STEPS, faults=schedule.faults,

@@ -3,9 +3,12 @@
 The bundled LM fails its next collective, writes its emergency snapshot and exits: the next
 generation resumes with nothing lost. A script that retries a failed all-reduce forever (its
 group is gone) is a stall: ``liveness`` fails it and shows where its main thread was stuck."""
+import pytest
+
 from pytest_reshard import chaos
 
 
+@pytest.mark.nightly   # the catalog suite runs the same scenario at 4 ranks
 def test_the_lm_resumes_after_a_communicator_abort_with_nothing_lost(reshard_run):
     result = reshard_run("lm", world_size=4, steps=10,
                          faults=[chaos.abort_comms(rank=1, at_step=6, phase="backward")])
