@@ -1,5 +1,6 @@
 """huggingface/datasets#8308 without the harness, in one process: an IterableDataset of 64 rows
-(4 shards, this process's half of them by ``split_dataset_by_node``) read through torchdata's
+(4 shards, this process's half of them by ``split_dataset_by_node``: rows 0-15 and 32-47, so
+after row 15 the stream goes on at 32) read through torchdata's
 StatefulDataLoader, 2 rows a batch. Three jobs of 3 batches each; the second and the third start
 from the state the one before saved. datasets 5.0.0 resumes the second job correctly, but its
 ``state_dict()`` stays at the start, so the third job reads the first job's batches again. The
