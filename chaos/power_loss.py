@@ -5,17 +5,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
-from pytest_reshard.schedule import Fault, ScheduleError
+from pytest_reshard.chaos.file_event import at_file, matcher
+from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
 
 
-def power_loss(*, at_step: int, event: int, rank: int | None = 0, target: str | None = None,
+def power_loss(*, at_step: int, event: int | None = None, path: str | None = None,
+               op: str | None = None, rank: int | None = 0, target: str | None = None,
                then_world_size: int | None = None) -> Fault:
     """The machine loses power just before the ``event``-th file event the rank makes under the
-    work folder from the start of step ``at_step`` on (counted as ``kill_at_file_event`` counts):
+    work folder from the start of step ``at_step`` on (counted as ``kill_at_file_event`` counts,
+    or named as it names one: ``path=``, ``op=``):
     every rank dies at once, and the work folder comes back as POSIX allows after a crash:
 
     - each file written in the generation keeps only what an fsync made durable: the size of
@@ -37,14 +40,13 @@ def power_loss(*, at_step: int, event: int, rank: int | None = 0, target: str | 
     writes through raw descriptors or mmap (named as not judged), an unlink, rmtree or mkdir
     undone, a torn sector, the storage's own cache, and several nodes (one machine only).
     """
-    if int(event) < 1:
-        raise ScheduleError(f"power_loss event counts from 1, got {event!r}")
     return Fault("power_loss", target_of(rank, None, target, "one"), at_step, "begin",
-                 {"event": int(event), **then(then_world_size)})
+                 {**at_file(event, path, op), **then(then_world_size)})
 
 
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
-    run.watch_files().arm(fault["params"]["event"], "power", power_off=run.power_off)
+    p = fault["params"]
+    run.watch_files().arm(p.get("event", 0), "power", power_off=run.power_off, match=matcher(p))
 
 
 def _requires(options: Mapping[str, Any]) -> str | None:

@@ -95,20 +95,30 @@ class Watcher:
         self._tear_bytes = 0
         self._fds: dict[int, _WatchedFile] = {}  # descriptor -> its file, for fsync
         self._power_off: Callable[[], None] | None = None
+        self._match: tuple[str, str | None] | None = None   # arm(match=): a path, not a count
         self._keep: str | None = None       # keep_replaced's folder
 
     # -- arming -----------------------------------------------------------------------------
     def arm(self, event: int, mode: str, tear_bytes: int = 0,
-            power_off: Callable[[], None] | None = None) -> None:
-        """Kill this process at the ``event``-th file mutation from now: before it happens
-        (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are written
-        (``"torn"``); or, for a ``close``, flip a byte of that file once it is closed and kill at
-        the first file event of a later step (``"flip"``); or cut the power before it
+            power_off: Callable[[], None] | None = None,
+            match: tuple[str, str | None] | None = None) -> None:
+        """Kill this process at the ``event``-th file mutation from now (or, with ``match=(path,
+        op)``, at the first one on a path that ends with ``path``, of ``op`` if given): before it
+        happens (``mode="before"``), or, for a ``write``, once ``tear_bytes`` of the file are
+        written (``"torn"``); or, for a ``close``, flip a byte of that file once it is closed and
+        kill at the first file event of a later step (``"flip"``); or cut the power before it
         (``"power"``: ``power_off()`` kills every process of the machine at once)."""
         with self._lock:
             self.count = 0
-            self._kill_at, self._mode, self._tear_bytes = int(event), mode, int(tear_bytes)
-            self._power_off = power_off
+            self._kill_at = int(event) if match is None else None
+            self._mode, self._tear_bytes = mode, int(tear_bytes)
+            self._power_off, self._match = power_off, match
+
+    def _matches(self, op: FileOp, path: str) -> bool:
+        if self._match is None or self._kill_at is not None:
+            return False
+        suffix, wanted = self._match
+        return (wanted is None or op == wanted) and (path == suffix or path.endswith("/" + suffix))
 
     def keep_replaced(self, folder: Path) -> None:
         """From now on, before a rename replaces a file, keep a hard link to it in ``folder``
@@ -135,6 +145,8 @@ class Watcher:
         with self._lock:
             self.count += 1
             n, step = self.count, self._step()
+            if self._matches(op, path):
+                self._kill_at = n
             armed = self._kill_at == n
             action = self._mode if armed and (self._mode, op) in (("torn", FileOp.WRITE),
                                                                   ("flip", FileOp.CLOSE)) else None
@@ -296,7 +308,7 @@ class Watcher:
             return write()
         self.event(FileOp.OPEN, rel, **self._existing(path, "w"))
         with self._lock:
-            next_is_armed = self._kill_at == self.count + 1
+            next_is_armed = self._kill_at == self.count + 1 or self._matches(FileOp.WRITE, rel)
         if next_is_armed:   # end state of a kill after the open, before (or mid-way in) the write
             p = os.fspath(path)
             self._local.busy = True

@@ -19,8 +19,11 @@ SCRIPT = textwrap.dedent("""
         out.write(json.dumps(fields) + "\\n"); out.flush()
 
     w = filewatch.install(root, emit, lambda: 7)
-    if len(sys.argv) > 3:
+    if len(sys.argv) > 3 and sys.argv[3].isdigit():
         w.arm(int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    elif len(sys.argv) > 3:    # PATH:OP
+        path, _, op = sys.argv[3].partition(":")
+        w.arm(0, sys.argv[4], int(sys.argv[5]), match=(path, op or None))
     os.makedirs(root / "tmp")
     with open(root / "tmp" / "data.bin", "wb") as f:
         f.write(b"x" * 1000)
@@ -75,6 +78,16 @@ def test_a_kill_before_the_nth_event_leaves_the_files_as_a_crash_there_would(tmp
     assert events[-1]["op"] == "rename" and events[-1]["killed"] == "before"
     assert sorted(p.name for p in (root / "tmp").iterdir()) == ["data.bin", "extra.pt", "note.txt"]
     assert not (root / "step1").exists()
+
+
+@pytest.mark.parametrize("named, op", [("tmp/extra.pt:open", "open"), ("extra.pt:close", "close"),
+                                       ("latest", "symlink")])
+def test_a_kill_named_by_file_fires_at_that_files_first_matching_event(tmp_path, named, op):
+    proc, _, events = run(tmp_path, named, "before", 0)
+    assert proc.returncode == -9
+    hit = events[-1]
+    assert hit["killed"] == "before" and hit["op"] == op, events[-3:]
+    assert hit["path"].endswith(named.split(":")[0]), hit
 
 
 @pytest.mark.parametrize("event, path, size, tear", [(3, "data.bin", 2000, 1500),

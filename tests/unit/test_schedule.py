@@ -55,3 +55,15 @@ def test_custom_phases_and_nested_fault_lists_are_accepted():
                        faults=[chaos.drain(world_size=4, at_step=2),
                                chaos.kill(rank=0, at_step=8, phase="loss_scale")])
     assert [f.kind for f in sc.schedule.faults] == ["shift_shards", "shift_shards", "kill"]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({}, "name the file event by event="), ({"event": 3, "path": "a.pt"}, "one of them"),
+    ({"event": 3, "op": "open"}, "op= goes with path="), ({"path": "a.pt", "op": "scribble"},
+                                                           "op must be a file operation")])
+def test_a_file_event_is_named_by_its_count_or_its_path(kwargs, words):
+    for make in (chaos.kill_at_file_event, chaos.power_loss):
+        with pytest.raises(ScheduleError, match=words):
+            make(at_step=1, **kwargs)
+    assert chaos.power_loss(at_step=1, path="/ckpt/latest/", op="rename").params == \
+        {"path": "ckpt/latest", "op": "rename"}
