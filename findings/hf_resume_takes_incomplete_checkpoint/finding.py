@@ -31,10 +31,10 @@ FINDING = Finding(
           "point of the save. safetensors 0.8.0 writes the weights to a .tmpXXXXXX file "
           "and renames it, so a real kill leaves no model.safetensors, never a torn one; the "
           "probe's native-writer model (pytest_reshard/rank/filewatch.py) makes the same "
-          "temporary and rename, so the sweep's torn point is the temporary too. What the "
-          "harness still lacks: a fault that names the file (kill at the open of "
-          "'model.safetensors') instead of an event number taken from a "
-          "recording, which a save that wrote another file first would move. With the "
+          "temporary and rename, so the sweep's torn point is the temporary too. A fault may "
+          "name its file (kill_at_file_event(path=..., op=...)), but the weights' first event "
+          "is the open of that temporary, whose name is not the file's, so the entry keeps "
+          "the event's count. With the "
           "workaround every checker passes: the job resumes from checkpoint-2, two steps "
           "back, within the save interval.",
 )
