@@ -26,7 +26,8 @@ SCENARIOS = {
     "preempt-all": dict(faults=[chaos.preempt(at_step=5, phase="forward")]),
     "preempt-one": dict(faults=[chaos.preempt(rank=2, at_step=5, phase="backward")]),
     "hang-sigstop": dict(faults=[chaos.hang(rank=1, at_step=6, phase="backward")]),
-    "hang-block": dict(stall_s=3, faults=[chaos.hang(rank=2, at_step=6, mode="block")]),
+    # stall_s: the LM's longest silence of all ranks was 2.3 s under load (2 cores, load 10-18): 4x, rounded up
+    "hang-block": dict(stall_s=10, faults=[chaos.hang(rank=2, at_step=6, mode="block")]),
     "ecc-telemetry": dict(faults=[chaos.ecc_error(rank=2, at_step=4, phase="forward")]),
     "ecc-compute-replicated": dict(args=REPLICATED, faults=[
         chaos.ecc_error(rank=1, at_step=4, phase="backward", layer="compute")]),

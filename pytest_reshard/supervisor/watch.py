@@ -26,7 +26,8 @@ __all__ = ["Watch", "WatchContext", "Outcome", "Status", "Failure", "PendingEnd"
 #: How often the watch loop looks at the ranks: a death is seen within one poll.
 POLL_S = 0.02
 #: How long a stalled rank gets to write its stacks: faulthandler writes them from its C signal
-#: handler in milliseconds, whatever the Python threads are doing.
+#: handler whatever the Python threads are doing, the first bytes within 3.1 ms of the signal
+#: (20 trials, load 4-7 on 2 cores): far above that, for a machine that is busier still.
 STACK_WAIT_S = 2.0
 
 

@@ -68,7 +68,7 @@ _UNUSABLE = ("DRAIN", "DOWN", "FAIL", "MAINT", "REBOOT", "POWER", "UNKNOWN")
 #: The Reason of a drain this launcher made, ``pytest-reshard:job<J>:...`` (swept once J is gone).
 _REASON = "pytest-reshard:job"
 #: A rank gone (its connection closed) whose code its agent has not reported yet: wait this long.
-_CODE_WAIT_S = 1.0
+_CODE_WAIT_S = 1.0  # the code came at most 0.08 s after the close (92 exits, test_slurm.py, load 7-12): 12x
 
 
 def slurm_unavailable() -> str | None:
