@@ -20,9 +20,10 @@ MODES = ("before", "torn", "flip", "power")
 
 
 def masked(name: str) -> str:
-    """``name`` with its random parts (hex runs of 8 or more, a letter among them) as ``*``:
-    the same in every run."""
-    return re.sub(r"(?=[0-9]*[a-f])[0-9a-f]{8,}", "*", name)
+    """``name`` with its random parts as ``*``: the same in every run. Random is a hex run of 8
+    or more with a letter among them, or of 12 digits or more (a random hex id is all digits
+    once in 280 draws); a zero-padded step number (8 digits) stays."""
+    return re.sub(r"(?=[0-9]*[a-f])[0-9a-f]{8,}|(?<![0-9a-f])[0-9]{12,}(?![0-9a-f])", "*", name)
 
 
 def outcome(mode: str, verdict: str) -> str:

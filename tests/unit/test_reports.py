@@ -229,3 +229,12 @@ def test_fault_marks_are_labelled_with_the_kinds_declared_label(monkeypatch):
     old = charts.ChartData.build(b.history())
     assert [m.kind_label for m in old.faults] == ["retired_kind"]
     assert "&#9889; retired_kind</text>" in charts.loss_svg(old)
+
+
+def test_a_sweep_masks_random_ids_even_all_digit_ones_and_keeps_step_numbers():
+    from pytest_reshard.reports.sweep import masked
+
+    for random_id in ("a1e5e24a1726", "467633932016"):   # the LM's uuid4().hex[:12]
+        assert masked(f"ckpt/.tmp-step-00000005-{random_id}/__0_0.distcp") == \
+            "ckpt/.tmp-step-00000005-*/__0_0.distcp"
+    assert masked("ckpt/step-00000005/.metadata") == "ckpt/step-00000005/.metadata"
