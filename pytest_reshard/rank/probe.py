@@ -55,7 +55,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
 from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, STACK_SIGNAL, Env, Ev, RunDir,
-                                     encode_event, hub_hello, hub_line, hub_secret, seal)
+                                     encode_event, hub_hello, hub_line, hub_secret, name_of,
+                                     read_jsonl, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -630,9 +631,9 @@ class Run:
     def power_off(self) -> None:
         """A power cut of this machine: every rank of the generation dies at once (SIGKILL,
         the peers found by the pids their start events recorded), this one last."""
-        from pytest_reshard.contract import name_of, read_jsonl
-
-        assert self._hub is None, "power_off needs the ranks' events in the run folder"
+        if self._hub is not None:
+            raise InjectedFault("power_off needs the ranks' events in the run folder: a "
+                                "single-node launcher (fork, local or torchrun)")
         for rank in range(self.world_size):
             path = self._dir.rank_events(self.generation, rank)
             if rank == self.rank or not path.exists():

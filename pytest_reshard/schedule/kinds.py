@@ -68,9 +68,10 @@ class FaultKind:
 
     - ``execute(run, fault)``: runs inside each targeted rank at the fault point (``run`` is the
       probe's ``Run``, acted on through its executor interface: ``emit``, ``hold``,
-      ``notify_reshard``, ``repeat_fault``, ``watch_files``; ``fault`` the plan entry: ``kind``,
-      ``id``, ``step``, ``phase``, ``params``). What must come from outside (a deadline, SIGKILL
-      after grace) the supervisor enforces from ``ending``.
+      ``notify_reshard``, ``repeat_fault``, ``watch_files``, ``power_off``, ``exposed``;
+      ``fault`` the plan entry: ``kind``, ``id``, ``step``, ``phase``, ``params``). What must
+      come from outside (a deadline, SIGKILL after grace) the supervisor enforces from
+      ``ending``.
     - ``ending``: an ``Ending``, or a function of the fault's params returning one (an ECC error
       kills only at the compute layer).
     - ``cause``: for ``Ending.PLANNED``, how the generation ends (``Cause.RESHARD``, ...).
