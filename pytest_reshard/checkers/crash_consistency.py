@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import MUTATIONS, FileOp
+from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileOp
 from pytest_reshard.history import Checkpoint, FileEvent, History, Saved, file_trail
 from pytest_reshard.verdict import Verdict
 
@@ -158,8 +158,6 @@ class Disk:
         return []
 
 
-#: The path filewatch records for a file outside the work folder (a copy's or rename's source).
-OUTSIDE = "(outside)"
 
 
 def manifests(events: Iterable[Any]) -> dict[int, dict[str, int | None]]:

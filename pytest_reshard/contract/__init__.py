@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS",
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS", "OUTSIDE",
            "RunDir", "ADVICE", "GUARD", "FLIPPED", "STACK_SIGNAL", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
@@ -156,6 +156,10 @@ class FileOp(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
+
+#: The path a file event records for a file outside the work folder (a copy's or rename's
+#: other end).
+OUTSIDE = "(outside)"
 
 #: The file ops a kill may target, in the order a save usually does them.
 MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE, FileOp.RENAME,

@@ -50,7 +50,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import MUTATIONS, FileOp
+from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileOp
 
 __all__ = ["install", "snapshot", "MUTATIONS"]
 
@@ -230,11 +230,11 @@ class Watcher:
             if rels[1] is not None:
                 self.event(op, rels[1], target=os.fsdecode(os.fspath(args[0])))
         elif any(r is not None for r in rels):
-            extra: dict[str, Any] = {"dst": rels[1] if rels[1] is not None else "(outside)"} \
+            extra: dict[str, Any] = {"dst": rels[1] if rels[1] is not None else OUTSIDE} \
                 if paths == 2 else {}
             if op == FileOp.RENAME and rels[1] is not None:
                 extra.update(self._keep_replaced(args[1]))
-            self.event(op, rels[0] if rels[0] is not None else "(outside)", **extra)
+            self.event(op, rels[0] if rels[0] is not None else OUTSIDE, **extra)
 
     def _keep_replaced(self, dst: Any) -> dict[str, str]:
         """A hard link to the file a rename is about to replace (``keep_replaced``)."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pytest_reshard.contract import Ev, FileOp, name_of
+from pytest_reshard.contract import OUTSIDE, Ev, FileOp, name_of
 
 __all__ = ["Undo", "undo_of", "apply"]
 
@@ -128,7 +128,7 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
                 f = files[path]
                 f.durable = int(e.size if e.size is not None else e.written or 0)
                 f.named, f.dirty = True, False
-        elif op == FileOp.RENAME and e.dst and e.dst != "(outside)" and path != "(outside)":
+        elif op == FileOp.RENAME and e.dst and e.dst != OUTSIDE and path != OUTSIDE:
             for p in [p for p in files if _under(p, path)]:
                 files[_moved(p, path, e.dst)] = files.pop(p)
             renames.append([path, e.dst, e.kept, False])
