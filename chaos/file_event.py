@@ -4,14 +4,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
-from pytest_reshard.contract import MUTATIONS
+from pytest_reshard.contract import MUTATIONS, FileKill
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
 
-MODES = ("before", "torn", "flip")
+MODES = tuple(str(m) for m in FileKill if m != FileKill.POWER)   # power: ``power_loss``
 
 
 def kill_at_file_event(*, at_step: int, event: int | None = None, mode: str = "before",

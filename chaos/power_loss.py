@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.chaos.file_event import at_file, matcher
+from pytest_reshard.contract import FileKill
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule.kinds import Ending, FaultKind, register
 
@@ -46,7 +47,8 @@ def power_loss(*, at_step: int, event: int | None = None, path: str | None = Non
 
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
     p = fault["params"]
-    run.watch_files().arm(p.get("event", 0), "power", power_off=run.power_off, match=matcher(p))
+    run.watch_files().arm(p.get("event", 0), FileKill.POWER, power_off=run.power_off,
+                          match=matcher(p))
 
 
 def _requires(options: Mapping[str, Any]) -> str | None:

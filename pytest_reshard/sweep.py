@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from pytest_reshard.contract import MUTATIONS, FileOp
+from pytest_reshard.contract import MUTATIONS, FileKill, FileOp
 from pytest_reshard.history import Begun, FileEvent, file_trail
 from pytest_reshard.reports.sweep import masked
 
@@ -44,7 +44,7 @@ class FilePoint:
     event: int
     op: str
     path: str
-    mode: str = "before"             # "before" | "torn" | "flip" | "power"
+    mode: str = FileKill.BEFORE      # a FileKill
     rank: int = 0
     tear_bytes: int | None = None
 
@@ -57,15 +57,15 @@ class FilePoint:
     def fault(self) -> Any:
         from pytest_reshard import chaos
 
-        if self.mode == "power":
+        if self.mode == FileKill.POWER:
             return chaos.power_loss(at_step=self.step, event=self.event, rank=self.rank)
         return chaos.kill_at_file_event(at_step=self.step, event=self.event, mode=self.mode,
                                         rank=self.rank, tear_bytes=self.tear_bytes)
 
     def describe(self) -> str:
-        how = {"torn": f"killed torn at {self.tear_bytes} bytes of",
-               "flip": "had a byte flipped after",
-               "power": "lost power before"}.get(self.mode, "killed before")
+        how = {FileKill.TORN: f"killed torn at {self.tear_bytes} bytes of",
+               FileKill.FLIP: "had a byte flipped after",
+               FileKill.POWER: "lost power before"}.get(FileKill(self.mode), "killed before")
         return f"rank {self.rank} {how} `{self.op} {self.path}` (event {self.event} of " \
                f"step {self.step})"
 
@@ -85,7 +85,7 @@ class FilePoint:
                                  "instead, so this point did not test what it names: the save's "
                                  "file events are not in the same order in every run (an async "
                                  "save's thread?)")
-        if self.mode != "flip":
+        if self.mode != FileKill.FLIP:
             result.assert_ok()
         elif result.ok:
             raise AssertionError(f"{self.describe()}: the next generation resumed from the "
@@ -144,17 +144,17 @@ def points(events: Sequence[Any], *, rank: int = 0,
             made.append(path)
         if e.op == FileOp.RENAME and any(path == d for d in made):
             made.append(e.dst)
-        out.append(FilePoint(step, n, op, path, "before", rank))
+        out.append(FilePoint(step, n, op, path, FileKill.BEFORE, rank))
         if power:
-            out.append(FilePoint(step, n, op, path, "power", rank))
+            out.append(FilePoint(step, n, op, path, FileKill.POWER, rank))
         if e.op == FileOp.WRITE:
             end = next((x.written for x in later[n:]
                         if x.path == path and x.op in (FileOp.FSYNC, FileOp.CLOSE)), None)
             start_at = int(e.offset or 0)
             if end is not None and end - start_at >= 2:
-                out.append(FilePoint(step, n, op, path, "torn", rank, (start_at + end) // 2))
+                out.append(FilePoint(step, n, op, path, FileKill.TORN, rank, (start_at + end) // 2))
         if e.op == FileOp.CLOSE and flip and int(e.size or 0) >= FLIP_MIN_BYTES:
-            out.append(FilePoint(step, n, op, path, "flip", rank))
+            out.append(FilePoint(step, n, op, path, FileKill.FLIP, rank))
     return out
 
 

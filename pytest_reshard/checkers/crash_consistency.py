@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileOp
+from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileKill, FileOp
 from pytest_reshard.history import Checkpoint, FileEvent, History, Saved, file_trail
 from pytest_reshard.verdict import Verdict
 
@@ -128,7 +128,7 @@ class Disk:
     def apply(self, e: FileEvent, save: int | None) -> list[tuple[str, str]]:
         """Apply one file event of the save ``save``; the ``(old, new)`` paths it moved."""
         op, path = e.op, e.path
-        if e.killed in ("before", "power") and op != FileOp.CLOSE:
+        if e.killed in (FileKill.BEFORE, FileKill.POWER) and op != FileOp.CLOSE:
             if op == FileOp.RENAME:
                 self.staged.add(path)
             return []                 # killed before it: it never happened (a close's data is written)
@@ -304,10 +304,10 @@ def describe_crash(events: Iterable[Any]) -> str | None:
     for e in file_trail(events):
         if isinstance(e, FileEvent) and e.killed:
             what = f"`{e.op} {e.path}" + (f" -> {e.dst}`" if e.dst else "`")
-            if e.killed == "power":
+            if e.killed == FileKill.POWER:
                 return f"the power went as rank {e.rank} was about to {what} (file event " \
                        f"{e.n} since the power loss was armed, in step {e.at_step})"
-            how = (f"after {e.tear_bytes or 'half the'} bytes of" if e.killed == "torn"
+            how = (f"after {e.tear_bytes or 'half the'} bytes of" if e.killed == FileKill.TORN
                    else "before")
             return f"rank {e.rank} was killed {how} {what} (file event {e.n} since " \
                    f"the kill was armed, in step {e.at_step})"
@@ -467,7 +467,7 @@ def _lost_to_power(history: History, g: int, state: Checkpoints,
     complete before it: what a save must not lose once it says it is done."""
     loss = next((p for p in history.power_losses() if p.gen == g), None)
     cut = next((e.t for e in history.file_trail(gen=g)
-                if isinstance(e, FileEvent) and e.killed == "power"), None)
+                if isinstance(e, FileEvent) and e.killed == FileKill.POWER), None)
     if loss is None or cut is None:
         return None
     done = [c.step for c in history.checkpoints("save", gen=g) if c.t < cut and c.step in wanted]
@@ -513,7 +513,7 @@ def _unmatched(wanted: Mapping[int, Mapping[str, int | None]], files: Trail,
         if k is not None and k not in wanted and e.op == FileOp.MKDIR and \
                 e.path not in made.get(k, []):
             made.setdefault(k, []).append(e.path)
-        elif e.op == FileOp.RENAME and e.dst and e.killed not in ("before", "power"):   # .tmp -> final
+        elif e.op == FileOp.RENAME and e.dst and e.killed not in (FileKill.BEFORE, FileKill.POWER):   # .tmp -> final
             for folders in made.values():
                 folders[:] = [_moved(d, e.path, e.dst) if _under(d, e.path) else d
                               for d in folders]

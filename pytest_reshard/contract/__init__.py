@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "Refusal", "MUTATIONS", "OUTSIDE",
+__all__ = ["Env", "Ev", "Cause", "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
            "RunDir", "ADVICE", "GUARD", "FLIPPED", "STACK_SIGNAL", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
@@ -152,6 +152,19 @@ class FileOp(str, enum.Enum):
     RMTREE = "rmtree"
     READ = "read"      # a read of a file a save wrote (the load side)
     FLIP = "flip"      # a bit the harness flipped (``kill_at_file_event(mode="flip")``)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class FileKill(str, enum.Enum):
+    """How a file-event fault hits its event: a file event's ``killed`` (and a sweep point's
+    mode). ``FLIP`` kills later, at the next save, after flipping a byte of the closed file."""
+
+    BEFORE = "before"  # SIGKILL before the event happens
+    TORN = "torn"      # a write cut after some of its bytes
+    FLIP = "flip"      # a byte of a closed file flipped (``kill_at_file_event(mode="flip")``)
+    POWER = "power"    # the machine's power cut before the event (``power_loss``)
 
     def __str__(self) -> str:
         return self.value

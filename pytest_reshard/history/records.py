@@ -236,7 +236,7 @@ class FileEvent:
     size: Any = None             # at a close
     crc: Any = None              # at a close
     written: Any = None          # bytes written, at an fsync or close
-    killed: Any = None           # "before" | "torn" | "power": the event a kill fired at
+    killed: Any = None           # a FileKill: the event a kill fired at
     tear_bytes: Any = None
     flip: Any = None             # True on the event a flip fired at
     target: Any = None           # a symlink's target

@@ -50,7 +50,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
-from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileOp
+from pytest_reshard.contract import MUTATIONS, OUTSIDE, FileKill, FileOp
 
 __all__ = ["install", "snapshot", "MUTATIONS"]
 
@@ -88,7 +88,7 @@ class Watcher:
         self._local = threading.local()     # .busy: inside our own wrapper (its open is ours)
         self.count = 0                      # mutations since the last arm()
         self._kill_at: int | None = None
-        self._mode = "before"
+        self._mode = FileKill.BEFORE
         self._flip_then_kill: int | None = None   # flipped a byte after this step's save
         self._flipped = False
         self._flip_path: str | None = None
@@ -111,7 +111,7 @@ class Watcher:
         with self._lock:
             self.count = 0
             self._kill_at = int(event) if match is None else None
-            self._mode, self._tear_bytes = mode, int(tear_bytes)
+            self._mode, self._tear_bytes = FileKill(mode), int(tear_bytes)
             self._power_off, self._match = power_off, match
 
     def _matches(self, op: FileOp, path: str) -> bool:
@@ -148,30 +148,31 @@ class Watcher:
             if self._matches(op, path):
                 self._kill_at = n
             armed = self._kill_at == n
-            action = self._mode if armed and (self._mode, op) in (("torn", FileOp.WRITE),
-                                                                  ("flip", FileOp.CLOSE)) else None
-            if armed and action is None and self._mode == "power":
-                fields["killed"] = "power"
+            action = self._mode if armed and (self._mode, op) in ((FileKill.TORN, FileOp.WRITE),
+                                                                  (FileKill.FLIP, FileOp.CLOSE)) else None
+            if armed and action is None and self._mode == FileKill.POWER:
+                fields["killed"] = FileKill.POWER
             elif armed and action is None:
-                if self._mode != "before":
+                if self._mode != FileKill.BEFORE:
                     fields["note"] = f"{self._mode} was asked for, but event {n} is a {op}"
-                fields["killed"] = "before"
-            elif action == "torn":
-                fields.update(killed="torn", tear_bytes=self._tear_bytes)
-            elif action == "flip":
+                fields["killed"] = FileKill.BEFORE
+            elif action == FileKill.TORN:
+                fields.update(killed=FileKill.TORN, tear_bytes=self._tear_bytes)
+            elif action == FileKill.FLIP:
                 fields["flip"] = True
                 self._flip_then_kill = step if step is not None else -1
                 self._flip_path = path
             elif self._flip_then_kill is not None and (step or 0) > self._flip_then_kill:
-                fields.update(killed="before", note="the first file event after the save that "
+                fields.update(killed=FileKill.BEFORE, note="the first file event after the save that "
                               "was corrupted")
                 armed = True
             self._emit(op=op, path=path, n=n, at_step=step, **fields)
-            if armed and action is None and self._power_off is not None and self._mode == "power":
+            if armed and action is None and self._power_off is not None and \
+                    self._mode == FileKill.POWER:
                 self._power_off()
             if armed and action is None:
                 kill_self()
-            return (self._tear_bytes or -1) if action == "torn" else 0
+            return (self._tear_bytes or -1) if action == FileKill.TORN else 0
 
     def flip_if_armed(self, path: str) -> None:
         """After the close the flip was armed at: invert one byte in the middle of the file, as
@@ -314,7 +315,7 @@ class Watcher:
             self._local.busy = True
             try:
                 _ORIGINAL_OPEN(p, "wb").close()
-                if self._mode == "torn":
+                if self._mode == FileKill.TORN:
                     write()
                     size = os.path.getsize(p)
                     self._tear_bytes = min(self._tear_bytes or max(1, size // 2), size)

@@ -12,11 +12,12 @@ from html import escape
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from pytest_reshard.contract import FileKill
 from pytest_reshard.reports.table import MARK
 
 __all__ = ["points_of", "matrix_lines", "write_matrix", "masked"]
 
-MODES = ("before", "torn", "flip", "power")
+MODES = tuple(FileKill)
 
 
 def masked(name: str) -> str:
@@ -28,7 +29,7 @@ def masked(name: str) -> str:
 
 def outcome(mode: str, verdict: str) -> str:
     """What a cell shows: a crash must pass; a flipped byte must be caught (a failed check)."""
-    if mode == "flip":
+    if mode == FileKill.FLIP:
         return {"fail": "caught", "pass": "MISSED"}.get(verdict, verdict)
     return MARK.get(verdict, verdict)
 
@@ -46,9 +47,9 @@ def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             failed, key=lambda c: c != "crash_consistency")), "")
         op, _, path = (p.get("hit") or "").partition(" ")
         path = masked(path)
-        if p["mode"] == "flip":   # the kill comes later; the file is the one flipped
+        if p["mode"] == FileKill.FLIP:   # the kill comes later; the file is the one flipped
             op, path = "close", masked(p.get("flipped") or "")
-        ok = (r["status"] == "fail") if p["mode"] == "flip" else (r["status"] == "pass")
+        ok = (r["status"] == "fail") if p["mode"] == FileKill.FLIP else (r["status"] == "pass")
         out.append({"step": p["step"], "event": p["event"], "mode": p["mode"],
                     "op": op or "(not reached)", "path": path, "verdict": r["status"],
                     "outcome": outcome(p["mode"], r["status"]), "ok": ok,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard import checkers
-from pytest_reshard.contract import FileOp
+from pytest_reshard.contract import FileKill, FileOp
 
 MARK = {"pass": "pass", "fail": "FAIL", "unknown": "?"}
 
@@ -57,7 +57,7 @@ def file_point(result: Any) -> dict[str, Any] | None:
             files = result.history.file_events()
             hit = next((e for e in files if e.killed and e.gen == 0), None)
             flipped = next((e.path for e in files if e.op == FileOp.FLIP), None)
-            mode = "power" if kinds.get(f.kind).loses_unsynced else f.params.get("mode")
+            mode = FileKill.POWER if kinds.get(f.kind).loses_unsynced else f.params.get("mode")
             return {"step": f.step, "event": f.params.get("event"), "mode": mode,
                     "flipped": flipped,
                     "hit": None if hit is None else

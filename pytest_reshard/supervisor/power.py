@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pytest_reshard.contract import OUTSIDE, Ev, FileOp, name_of
+from pytest_reshard.contract import OUTSIDE, Ev, FileKill, FileOp, name_of
 
 __all__ = ["Undo", "undo_of", "apply"]
 
@@ -91,12 +91,12 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
     trail = sorted((_Event(e["op"], e["path"], float(e.get("t") or 0.0),
                            **{k: e.get(k) for k in _FIELDS})
                     for e in events if name_of(e) == Ev.FILE), key=lambda e: e.t)
-    cut = next((e.t for e in trail if e.killed == "power"), None)
+    cut = next((e.t for e in trail if e.killed == FileKill.POWER), None)
     files: dict[str, _File] = {}
     renames: list[list[Any]] = []          # [src, dst, kept, durable]
     undo = Undo()
     for e in trail:
-        if e.killed == "power" or (e.killed == "before" and e.op != FileOp.CLOSE):
+        if e.killed == FileKill.POWER or (e.killed == FileKill.BEFORE and e.op != FileOp.CLOSE):
             continue                       # it never happened
         after_cut = cut is not None and e.t > cut
         op, path = e.op, e.path

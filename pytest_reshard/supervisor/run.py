@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import filewatch
-from pytest_reshard.contract import Cause, Env, Ev, RunDir, encode_event, name_of, write_json
+from pytest_reshard.contract import (Cause, Env, Ev, FileKill, RunDir, encode_event, name_of,
+                                     write_json)
 from pytest_reshard.schedule import kinds, resolve_target
 from pytest_reshard.supervisor import launch, power
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
@@ -287,7 +288,7 @@ class Supervisor:
             return
         self.tail.poll(gen)
         events = [e for rank in range(world_size) for e in self.tail.events(gen, rank)]
-        if any(name_of(e) == Ev.FILE and e.get("killed") == "power" for e in events):
+        if any(name_of(e) == Ev.FILE and e.get("killed") == FileKill.POWER for e in events):
             undo = power.undo_of(events)
             problems = power.apply(undo, self.dir.work, replaced)
             self.record(Ev.POWER_LOSS, gen=gen, **undo.record(), problems=problems)
