@@ -1,0 +1,150 @@
+"""How loading and judging a history grows with its ranks: synthetic histories shaped like the
+bundled LM's, at several sizes, each loaded and judged in a fresh process (its peak memory is its
+own), side by side in one run.
+
+    python bench/history_scale.py [--ranks 16,64,256] [--steps 200] [--restarts 2]
+
+Each history is written as the probe and the supervisor write a training run's, event by event
+(``encode_event``): per rank and step a begin, its samples, its loss and an end; a save every 10
+steps (rank 0's with a digest), a load at each resume; R ranks x S steps, with a restart every
+S / (restarts + 1) steps (a kill of rank 1 with its detection, the next generation resumed from
+the last save, the steps since run again). It then times ``History.load`` and the checkers
+that need no clean run (``no_rewind``, ``liveness``, ``state_equivalence``) and, against a clean
+history of the same size, ``exactly_once_samples`` and ``loss_continuity``; and reads the
+process's peak RSS. The goal the project set: 1,024 ranks x 2,000 steps with 10 restarts loaded
+and judged in under 60 s and 4 GB on 2 cores, growing linearly.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pytest_reshard.contract import Ev, RunDir, encode_event
+
+SAVE_EVERY, PER_RANK = 10, 2
+
+
+def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
+    """A run folder with ``restarts`` unplanned restarts; returns the number of events."""
+    run = RunDir(folder)
+    run.events.mkdir(parents=True, exist_ok=True)
+    t = 1.0e9
+    sup = [{"ev": Ev.SCENARIO, "workload": "lm", "steps": steps, "world_size": ranks, "seed": 0,
+            "schedule": {"seed": 0, "faults": []}, "schedule_hash": "synthetic", "t": t}]
+    kills = [steps * (k + 1) // (restarts + 1) for k in range(restarts)]
+    starts = [0] + [(k // SAVE_EVERY) * SAVE_EVERY for k in kills]
+    ends = [k + 1 for k in kills] + [steps]
+    count = 0
+    for gen, (first, last) in enumerate(zip(starts, ends)):
+        sup.append({"ev": Ev.GEN_START, "gen": gen, "world_size": ranks, "roles": ["trainer"] * ranks,
+                    "launcher": "fork", "port": 1, "t": t})
+        for rank in range(ranks):
+            lines = [{"ev": Ev.START, "gen": gen, "rank": rank, "world_size": ranks,
+                      "role": "trainer", "pid": 100 + rank, "max_rewind_steps": SAVE_EVERY}]
+            if first:
+                lines.append({"ev": Ev.CKPT_LOAD, "gen": gen, "rank": rank, "step": first - 1,
+                              "digest": {"model": f"m{first - 1}"} if rank == 0 else {}})
+            lines.append({"ev": Ev.RESUMED, "gen": gen, "rank": rank, "step": first,
+                          "source": "checkpoint" if first else "fresh"})
+            for step in range(first, last):
+                tt = t + step
+                ids = list(range((step * ranks + rank) * PER_RANK, (step * ranks + rank + 1) * PER_RANK))
+                lines += [{"ev": Ev.BEGIN, "gen": gen, "rank": rank, "step": step, "t": tt},
+                          {"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step, "samples": ids,
+                           "t": tt},
+                          {"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step,
+                           "loss": 5.0 - step * 1e-3, "t": tt}]
+                if gen < len(kills) and step == last - 1 and rank == 1:
+                    lines.append({"ev": Ev.FAULT, "gen": gen, "rank": rank, "step": step,
+                                  "phase": "backward", "kind": "kill", "id": gen, "params": {},
+                                  "t": tt})
+                    break
+                lines.append({"ev": Ev.END, "gen": gen, "rank": rank, "step": step, "t": tt})
+                if (step + 1) % SAVE_EVERY == 0:
+                    lines.append({"ev": Ev.CKPT_SAVE, "gen": gen, "rank": rank, "step": step,
+                                  "digest": {"model": f"m{step}"} if rank == 0 else {}, "t": tt})
+            else:
+                lines.append({"ev": Ev.EXIT, "gen": gen, "rank": rank, "code": 0})
+            with open(run.rank_events(gen, rank), "wb") as f:
+                f.writelines(encode_event({"t": t, **e}) for e in lines)
+            count += len(lines)
+        t += steps
+        if gen < len(kills):
+            sup.append({"ev": Ev.DETECT, "gen": gen, "kind": "died", "rank": 1, "step": last - 1,
+                        "phase": "backward", "exit_code": -9, "latency_s": 0.01, "expected": True,
+                        "t": t})
+        sup.append({"ev": Ev.GEN_END, "gen": gen, "cause": "failure" if gen < len(kills) else
+                    "complete", "planned": False, "fault_id": gen if gen < len(kills) else None,
+                    "detail": "", "t": t})
+    with open(run.supervisor_events, "wb") as f:
+        f.writelines(encode_event(e) for e in sup)
+    return count + len(sup)
+
+
+def judge(folder: str, clean: str) -> None:
+    """In this process: load and judge, print one JSON line of seconds and peak RSS."""
+    from pytest_reshard.checkers import (exactly_once_samples, liveness, loss_continuity,
+                                         no_rewind, state_equivalence)
+    from pytest_reshard.history import History
+
+    out: dict[str, float | str] = {}
+    t0 = time.perf_counter()
+    h = History.load(folder)
+    ref = History.load(clean)
+    out["load_s"] = time.perf_counter() - t0
+    for name, fn in (("no_rewind", no_rewind), ("liveness", liveness),
+                     ("state_equivalence", state_equivalence),
+                     ("exactly_once_samples", lambda x: exactly_once_samples(x, reference=ref)),
+                     ("loss_continuity", lambda x: loss_continuity(x, reference=ref))):
+        t1 = time.perf_counter()
+        v = fn(h)
+        out[f"{name}_s"] = time.perf_counter() - t1
+        out[name] = v.status
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out), flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ranks", default="16,64,256")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--restarts", type=int, default=2)
+    p.add_argument("--judge", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.judge:
+        judge(*args.judge)
+        return
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks in (int(r) for r in args.ranks.split(",")):
+            run, clean = Path(tmp) / f"run-{ranks}", Path(tmp) / f"clean-{ranks}"
+            events = write(run, ranks, args.steps, args.restarts)
+            write(clean, ranks, args.steps, 0)
+            done = subprocess.run([sys.executable, __file__, "--judge", str(run), str(clean)],
+                                  capture_output=True, text=True, timeout=3600)
+            if done.returncode:
+                raise SystemExit(done.stderr[-2000:])
+            m = json.loads(done.stdout.strip().splitlines()[-1])
+            judged = sum(v for k, v in m.items() if k.endswith("_s") and k != "load_s")
+            rows.append((ranks, events, m, judged))
+            print(f"{ranks:5d} ranks, {events:9d} events: load {m['load_s']:.2f} s (with the "
+                  f"clean run's), judge {judged:.2f} s, peak {m['peak_mb']:.0f} MB; "
+                  + ", ".join(f"{k} {m[k]} {m[k + '_s']:.2f} s" for k in
+                              ("no_rewind", "liveness", "state_equivalence",
+                               "exactly_once_samples", "loss_continuity")), flush=True)
+    base = rows[0]
+    print(f"\n{'ranks':>6s} {'events':>10s} {'load s':>8s} {'judge s':>8s} {'peak MB':>8s} "
+          f"{'x events':>9s} {'x time':>7s}")
+    for ranks, events, m, judged in rows:
+        print(f"{ranks:6d} {events:10d} {m['load_s']:8.2f} {judged:8.2f} {m['peak_mb']:8.0f} "
+              f"{events / base[1]:9.1f} {(m['load_s'] + judged) / (base[2]['load_s'] + base[3]):7.1f}")
+
+
+if __name__ == "__main__":
+    main()
