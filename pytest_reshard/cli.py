@@ -69,7 +69,7 @@ import pytest
 
 
 @pytest.mark.reshard(workload={workload!r}, world_size={world_size}, steps={steps}, args={args!r})
-@pytest.mark.reshard_sweep(save_step={save_step!r}, rank={rank}, flip={flip})
+@pytest.mark.reshard_sweep(save_step={save_step!r}, rank={rank}, flip={flip}, power={power})
 def test_crash_at_file_event(reshard_run, file_point):
     file_point.judge(reshard_run(faults=[file_point.fault()]))
 '''
@@ -88,7 +88,7 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
     test.write_text(SWEEP_TEST.format(
         name=script.name, workload=str(script.resolve()), world_size=args.world_size,
         steps=args.steps, args=shlex.split(args.args), save_step=args.save_step, rank=args.rank,
-        flip=args.flip))
+        flip=args.flip, power=args.power))
     print(f"the sweep as a test (copy it into your suite): {test}", flush=True)
     return run_suite(str(test), args.artifacts, extra)
 
@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep_opts.add_argument("--rank", type=int, default=0, help="the rank killed (default 0)")
     sweep_opts.add_argument("--flip", action="store_true",
                             help="also flip a byte of each data file after it is written")
+    sweep_opts.add_argument("--power", action="store_true",
+                            help="also cut the machine's power before each event: what was not "
+                                 "fsynced is lost (power_loss)")
     sweep_opts.add_argument("--args", default="", help="the script's own arguments, one string")
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gate"]:  # its own options: pytest-reshard gate --help

@@ -221,13 +221,23 @@ def _logs(events: Trail) -> set[str]:
     return out | {path for gen, rank, path in alone & together}
 
 
-def written(events: Iterable[Any]) -> Disk:
-    """The work folder as a run's rank events (in order, raw or as records) leave it."""
+def written(events: Iterable[Any], undone: Sequence[tuple[int, str, str]] = ()) -> Disk:
+    """The work folder as a run's rank events (in order, raw or as records) leave it.
+    ``undone``: renames a power loss took back, as ``(generation, dst, src)``: the newest
+    rename of each in that generation never happened."""
     events = file_trail(events)
     save = saves_of(events)
+    renames = [(i, e) for i, e in enumerate(events)
+               if isinstance(e, FileEvent) and e.op == FileOp.RENAME]
+    skip: set[int] = set()
+    for gen, dst, src in undone:
+        found = next((i for i, e in reversed(renames) if i not in skip and e.gen == gen
+                      and e.path == src and e.dst == dst), None)
+        if found is not None:
+            skip.add(found)
     disk = Disk()
     for i, e in enumerate(events):
-        if isinstance(e, FileEvent):
+        if isinstance(e, FileEvent) and i not in skip:
             disk.apply(e, save.get(i))
     return disk
 
@@ -372,10 +382,12 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
                           "record files)")
             continue
         upto = [e for e in files if e.gen <= g]
+        undone = [(loss.gen, dst, src) for loss in history.power_losses() if loss.gen <= g
+                  for dst, src in loss.renames_undone]
         reached = {save[i] for i, e in enumerate(files) if e.gen <= g and i in save} | {
             k for x in gens if x <= g for k in history.begun(x)}   # its saves, the steps it began
         state = judge_disk(disk, {k: v for k, v in wanted.items() if k in reached},
-                           written(upto))
+                           written(upto, undone))
         crash = describe_crash(e for e in upto if e.gen == g)
         ended = history.generations[g]
         when = f"when generation {g} ended ({ended.cause or 'unknown'}" + \
@@ -393,7 +405,7 @@ def crash_consistency(history: History, manifests_at: Callable[[Sequence[str]], 
         later = [x for x in gens if x > g]
         started = next((x for x in later if history.begun(x)), None)
         if started is None:
-            unreadable = _unreadable(history, later, disk, written(upto))
+            unreadable = _unreadable(history, later, disk, written(upto, undone))
             broken = [k for k in state.problems if state.newest is None or k > state.newest]
             if unreadable:
                 problems.append(f"the job could not start again: generation {nxt} read "

@@ -209,7 +209,8 @@ class History(MembershipQueries):
 
     def power_losses(self) -> list[PowerLoss]:
         """What each power loss took, in history order."""
-        return [PowerLoss(int(e["gen"]), tuple(e.get("removed") or ()), dict(e.get("cut") or {}),
+        return [PowerLoss(int(e["gen"]), tuple(tuple(r) for r in e.get("renames_undone") or ()),
+                          tuple(e.get("removed") or ()), dict(e.get("cut") or {}),
                           dict(e.get("reasons") or {}), tuple(e.get("not_judged") or ()),
                           tuple(e.get("problems") or ()), _opt_float(e.get("t")))
                 for e in self._supervisor if e["ev"] == Ev.POWER_LOSS]

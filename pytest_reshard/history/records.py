@@ -366,6 +366,7 @@ class PowerLoss:
     path (a folder: everything under it)."""
 
     gen: int
+    renames_undone: tuple[tuple[str, str], ...]   # (dst, src), newest first
     removed: tuple[str, ...]
     cut: Mapping[str, int]
     reasons: Mapping[str, str]

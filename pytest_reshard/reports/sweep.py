@@ -55,7 +55,7 @@ def points_of(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "outcome": outcome(p["mode"], r["status"]), "ok": ok,
                     "failed": failed, "message": first, "name": r["name"],
                     "replay": r.get("replay"), "report": r.get("report")})
-    return sorted(out, key=lambda x: (x["step"], x["event"], MODES.index(x["mode"])
+    return sorted(out, key=lambda x: (x["step"], x["event"] or 0, MODES.index(x["mode"])
                                       if x["mode"] in MODES else 9))
 
 

@@ -58,7 +58,8 @@ def file_point(result: Any) -> dict[str, Any] | None:
             hit = next((e for e in files if e.killed and e.gen == 0), None)
             flipped = next((e.path for e in files if e.op == FileOp.FLIP), None)
             mode = FileKill.POWER if kinds.get(f.kind).loses_unsynced else f.params.get("mode")
-            return {"step": f.step, "event": f.params.get("event"), "mode": mode,
+            event = f.params.get("event") or (hit.n if hit is not None else None)  # by path: the hit's
+            return {"step": f.step, "event": event, "mode": mode,
                     "flipped": flipped,
                     "hit": None if hit is None else
                     f"{hit.op} {hit.path}" + (f" -> {hit.dst}" if hit.dst else "")}

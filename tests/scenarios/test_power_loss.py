@@ -39,3 +39,15 @@ def test_a_save_that_is_not_durable_loses_what_it_said_it_saved(reshard_run, mod
     for words in expected:
         assert words in v.message, v.message
     assert "the power went as rank 0 was about to `open ckpt-train/model.pt.tmp`" in v.message
+
+
+def test_a_power_loss_before_the_folder_sync_takes_back_only_the_save_in_flight(reshard_run):
+    """The cut falls after the rename of the save after step 6, before its folder fsync: the
+    rename is undone and `model.pt` is the save of step 4 again (kept when the rename replaced
+    it), which the job resumes from; nothing it had recorded complete is lost."""
+    result = reshard_run(SCRIPT, world_size=2, steps=8, args=["--save", "durable"],
+                         faults=[chaos.power_loss(at_step=5, path="ckpt-train", op="fsync")])
+    result.assert_ok()
+    [loss] = result.history.power_losses()
+    assert loss.renames_undone == (("ckpt-train/model.pt", "ckpt-train/model.pt.tmp"),), loss
+    assert result.history.generations[1].resume_step == 4
