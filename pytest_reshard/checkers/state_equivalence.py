@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from pytest_reshard.checkers._text import _fault_before, _previous, _summarise
 from pytest_reshard.checkers.context import CheckContext
@@ -149,6 +149,18 @@ def _same_state_of_another_step(load: _Record, saves: dict[tuple[int, int, int],
     return None
 
 
+def _being_saved(begun: Mapping[tuple[int, int, int], _Record],
+                 saves: Mapping[tuple[int, int, int], _Record],
+                 load: _Record) -> tuple[tuple[int, int, int], _Record] | None:
+    """The newest save of the load's step an earlier generation began and never recorded as
+    done (``checkpoint_saving`` without ``checkpoint_saved``): the load's rank's own first."""
+    pool = [(k, b) for k, b in begun.items()
+            if k[2] == load.step and k[0] < load.gen and k not in saves]
+    if not pool:
+        return None
+    return max(pool, key=lambda kb: (kb[0][0], kb[0][1] == load.rank))
+
+
 def state_equivalence(history: History) -> Verdict:
     """The state just after each load equals what was saved (or read), component by component:
     replicated components against any rank's save, per-rank ones against the same rank's."""
@@ -203,6 +215,20 @@ def state_equivalence(history: History) -> Verdict:
                     continue
                 verified += 1
                 _compare(history, load, common, baseline, None, mismatches, excused)
+            elif gen != first_gen and (unfinished := _being_saved(begun, saves, load)):
+                # no rank recorded that save as done, but one began it: compare with what it was
+                # writing (killed after the save's last write, before its record)
+                (wg, wr, _), rec = unfinished
+                baseline = {c: (d, f"being saved by rank {wr} in generation {wg} (a save it "
+                                   "never recorded as done)", wg) for c, d in rec.digest.items()}
+                common = sorted(set(baseline) & set(load.digest))
+                if common:
+                    verified += 1
+                    _compare(history, load, common, baseline, None, mismatches, excused)
+                else:
+                    unverified.append(f"the load of step {step} in generation {gen} (rank "
+                                      f"{rank}) shares no component with the save rank {wr} "
+                                      f"began in generation {wg}")
             elif gen != first_gen:
                 cut = [f for f in history.faults_fired() if f.gen < gen and f.step == step
                        and f.phase in ("checkpoint", "checkpoint_commit")]
@@ -218,7 +244,9 @@ def state_equivalence(history: History) -> Verdict:
                     if older is None:
                         unverified.append(f"the load of step {step} in generation {gen} (rank "
                                           f"{rank}) has no earlier save of step {step} and no "
-                                          "expected digest")
+                                          "expected digest (a crash after the save's last write, "
+                                          "before its record? record run.checkpoint_saving(step, "
+                                          "state=...) as the save begins)")
                         continue
                     other, comps = older
                     mismatches.append({

@@ -362,6 +362,23 @@ def test_state_equivalence_names_the_component_that_differs() -> None:
     assert (v.step, v.generation, v.rank) == (12, 1, 0) and v.details["differ"] == ["optimizer"]
 
 
+def test_state_equivalence_holds_a_load_against_a_save_begun_but_never_recorded_done() -> None:
+    """A crash after the save's last write and before its record (killed at the folder fsync
+    that follows the rename) leaves only the checkpoint_saving record: the load is held
+    against what that save was writing; without it, unknown, naming the call."""
+    for loaded, status in (({"model": "m3"}, "pass"), ({"model": "other"}, "fail")):
+        b = Builder()
+        b.gen(run=range(4), cause="failure")
+        b.rank(0, 0, Ev.CKPT_SAVING, step=3, digest={"model": "m3"})
+        b.gen(resume=4, run=range(4, 6), load=(3, loaded))
+        assert state_equivalence(b.history()).status == status
+    b = Builder()
+    b.gen(run=range(4), cause="failure")
+    b.gen(resume=4, run=range(4, 6), load=(3, {"model": "m3"}))
+    v = state_equivalence(b.history())
+    assert v.status == "unknown" and "run.checkpoint_saving(step" in v.message, v
+
+
 def test_state_equivalence_judges_a_live_handover_as_a_save_and_a_load() -> None:
     def live(b: Builder) -> Builder:
         for e in b.events:
