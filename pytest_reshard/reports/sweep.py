@@ -92,7 +92,7 @@ def _matrix(points: Sequence[Mapping[str, Any]]) -> list[str]:
         table.append([str(step), str(event), c["op"], c["path"], *(c.get(m, "") for m in modes)])
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     lines = [f"  {len(points)} crash points: {len(points) - bad} as they must be, {bad} not "
-             "(a crash must pass every checker; a flipped byte must be caught)"]
+             "(a crash or a power loss must pass every checker; a flipped byte must be caught)"]
     lines += ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
               for row in table]
     worst = smallest_failing(points)
