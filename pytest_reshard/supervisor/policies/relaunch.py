@@ -53,7 +53,7 @@ class Relaunch:
             rank, detail = loop.failure.rank, loop.failure.detail
             fault = loop.fault_for(rank, kinds.Ending.DEATH)
             victim = loop.ranks.faulted(kinds.Ending.DEATH)
-            if fault is None and victim is not None:   # a peer died first of the victim's fault
+            if fault is None and victim is not None:   # a peer died before the fault's victim
                 rank, fault = victim, loop.fault_for(victim, kinds.Ending.DEATH)
             if fault is None and loop.guarded():   # it stopped itself: resume from its save
                 return Outcome(Cause.FAILURE, detail=f"{detail}, after the workload's own check "
