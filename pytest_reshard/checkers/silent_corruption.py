@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from pytest_reshard.checkers._text import _count
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import FLIPPED, GUARD
@@ -85,7 +86,7 @@ def silent_corruption(history: History, clean_saves: Callable[[int], dict[int, C
                               step=f.step, rank=f.rank, generation=f.gen,
                               fault=history.describe_fault(f.id), details=details)
     if corrupted:
-        return Verdict.passed(CHECK, f"{len(corrupted)} save(s) held corrupted state, each after "
+        return Verdict.passed(CHECK, f"{_count(len(corrupted), 'save')} held corrupted state, each after "
                                      "the workload's own check had caught the flip, and no "
                                      "generation resumed from one", details=details)
     guards = history.notes(GUARD)
