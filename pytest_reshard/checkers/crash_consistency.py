@@ -482,7 +482,13 @@ def _lost_to_power(history: History, g: int, state: Checkpoints,
                 if isinstance(e, FileEvent) and e.killed == FileKill.POWER), None)
     if loss is None or cut is None:
         return None
-    done = [c.step for c in history.checkpoints("save", gen=g) if c.t < cut and c.step in wanted]
+    saves = history.checkpoints("save", gen=g)
+    savers = {c.rank for c in saves}   # a save is complete once each of them recorded it
+    by_step: dict[int, set[int]] = {}
+    for c in saves:
+        if c.t < cut and c.step in wanted:
+            by_step.setdefault(c.step, set()).add(c.rank)
+    done = [k for k, ranks in by_step.items() if ranks >= savers]
     if not done or max(done) not in state.problems:
         return None
     k = max(done)
