@@ -90,8 +90,8 @@ def silent_corruption(history: History, clean_saves: Callable[[int], dict[int, C
                                      "the workload's own check had caught the flip, and no "
                                      "generation resumed from one", details=details)
     guards = history.notes(GUARD)
-    if guards:
-        g = guards[0]
+    if guards:   # named the same in every run: the first generation and step, the lowest rank
+        g = min(guards, key=lambda n: (n.gen, n.step if n.step is not None else -1, n.rank))
         return Verdict.passed(CHECK, f"rank {g.rank}'s own check caught the flip at step "
                                      f"{g.step} ({g.fields.get('kind')}) before any save held it")
     return Verdict.passed(CHECK, "no save after the flip holds state other than the clean run's")
