@@ -29,17 +29,19 @@ from pytest_reshard.chaos.hang import hang
 from pytest_reshard.chaos.kill import kill, kill_during_save
 from pytest_reshard.chaos.kill_node import kill_node
 from pytest_reshard.chaos.memory_pressure import memory_pressure
+from pytest_reshard.chaos.partition import partition
 from pytest_reshard.chaos.power_loss import power_loss
 from pytest_reshard.chaos.preempt import preempt
 from pytest_reshard.chaos.rebalance import rebalance
 from pytest_reshard.chaos.shift_shards import drain, shift_shards
+from pytest_reshard.chaos.slow_link import slow_link
 from pytest_reshard.chaos.slow_rank import slow_rank
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
 __all__ = ["abort_comms", "bitflip", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill",
-           "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "power_loss",
-           "preempt", "rebalance", "shift_shards", "slow_rank", "Fault"]
+           "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "partition", "power_loss",
+           "preempt", "rebalance", "shift_shards", "slow_link", "slow_rank", "Fault"]
 
 
 def fault(kind: str, *, at_step: int, phase: str, rank: int | None = None,

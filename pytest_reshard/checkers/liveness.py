@@ -44,6 +44,7 @@ def _what(d: Detection) -> str:
         Detected.STALLED: f"{who} stalled {at}: alive, but no progress",
         Detected.EXITED_EARLY: f"{who} exited early{code} {at}, before the run finished",
         Detected.OOM: d.detail or f"{who} exceeded its memory budget {at}",
+        Detected.PARTITIONED: f"{who} was partitioned {at} (its node cut off the network)",
     }
     return words.get(d.kind, f"{who} {d.kind} {at}")
 
@@ -62,7 +63,8 @@ def _short(d: Detection) -> str:
     where = f"at step {d.step}" if d.step is not None else "before its first step"
     verbs: dict[str, str] = {Detected.DIED: f"died{_code(d)}", Detected.EXITED_EARLY: "exited",
                              Detected.STOPPED: "stopped responding", Detected.STALLED: "stalled",
-                             Detected.OOM: "passed its memory budget"}
+                             Detected.OOM: "passed its memory budget",
+                             Detected.PARTITIONED: "was partitioned"}
     verb = verbs.get(d.kind, d.kind)
     return f"rank {d.rank} {verb} {where}"
 

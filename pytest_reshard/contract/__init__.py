@@ -70,7 +70,7 @@ class Ev(str, enum.Enum):
     RECORD = "record"          # what a step measured: step, loss, samples, epoch, tokens, ...
     END = "end"                # a step's body completed: step
     ERROR = "error"            # a step raised: step, phase, error
-    FAULT = "fault"            # a fault fired here: step, phase, kind, id, params
+    FAULT = "fault"            # a fault fired here: step, phase, kind, id, params, node (under a node's agent)
     NOTICE = "notice"          # a planned reshard's notice reached the rank: kind, to_world_size, deadline
     SIGNAL = "signal"          # a signal the probe saw: signal
     REQUEST = "request"        # the workload asks to drain: to_world_size, reason, grace_s
@@ -114,6 +114,7 @@ class Detected(str, enum.Enum):
     STALLED = "stalled"            # alive and beating, but no rank made progress
     EXITED_EARLY = "exited_early"  # exit code 0 before the last step, nothing planned
     OOM = "oom"                    # past the scenario's memory budget: killed
+    PARTITIONED = "partitioned"    # its node was cut off the network: fenced (killed)
 
     def __str__(self) -> str:
         return self.value

@@ -667,8 +667,9 @@ class Run:
     def _fire(self, step: int, phase: str) -> None:
         for fault in self._faults.pop((step, phase), ()):
             if not fault.get("repeat"):
+                node = os.environ.get(Env.NODE)
                 self.emit(Ev.FAULT, step=step, phase=phase, kind=fault["kind"], id=fault["id"],
-                           params=fault["params"])
+                           params=fault["params"], **({} if node is None else {"node": int(node)}))
             _executor(fault)(self, fault)
 
 

@@ -87,6 +87,9 @@ class FaultKind:
       fires at one of them, and ``crash_consistency`` judges the files it left.
     - ``loses_unsynced``: the kind undoes what was not durable (a power loss): every rank of
       the generation keeps a hard link to each file a rename replaces, to bring it back.
+    - ``isolates``: the victim's node lives on, cut off the network (a partition): once a
+      rank of the generation fails, the supervisor fences that node (kills its agent and ranks,
+      as a scheduler fences a node that stopped answering) and names the victim partitioned.
     - ``label``: how the report names it (default: ``name``).
     """
 
@@ -102,6 +105,7 @@ class FaultKind:
     requires: Callable[[Mapping[str, Any]], str | None] | None = None
     watches_files: bool = False
     loses_unsynced: bool = False
+    isolates: bool = False
     label: str = ""
     doc: str = ""
 

@@ -44,6 +44,8 @@ def record_detection(loop: Watch, kind: Detected, rank: int, *, expected: bool,
                               f"{rank} was last seen {where}",
             Detected.EXITED_EARLY: f"rank {rank} exited with code 0 {where} without a "
                                    "planned event",
+            Detected.PARTITIONED: f"rank {rank} was partitioned {where}: its node, cut off "
+                                  "the network, was fenced once a peer failed",
             }[kind] + f" (generation {loop.gen})"
 
 

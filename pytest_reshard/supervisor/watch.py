@@ -158,6 +158,8 @@ class Watch:
             return
         if self.policy.on_death(rank, code, normal):
             return
+        if self._fence_cut_off(now):
+            return
         if self._preempting() and (code == -signal.SIGTERM or self.sigtermed):
             # A rank without SIGTERM handling dies of the preemption's SIGTERM, as on a spot
             # node, and its peers then fail their next collective: the preemption ends the
@@ -184,6 +186,22 @@ class Watch:
         detail = self.detect(kind, rank, expected=fault is not None, code=code,
                              since=fault["t"] if fault else None)
         self.failure = Failure(rank, code, now, detail)
+
+    def _fence_cut_off(self, now: float) -> bool:
+        """A rank failed after a partition fired: the cut-off node is fenced, its victim named
+        partitioned (the failure), whatever its own ranks are doing (waiting on a peer, or
+        exited and left unreaped by an agent that cannot reach the rendezvous)."""
+        cut = next((e for e in self.fired.values() if e["gen"] == self.gen
+                    and kinds.get(e["kind"]).isolates), None)
+        if cut is None:
+            return False
+        rank = cut["rank"]
+        self.live.fence(int(cut["node"]))
+        self.reported.add(rank)
+        detail = self.detect(Detected.PARTITIONED, rank, expected=True, code=None,
+                             since=cut["t"])
+        self.failure = Failure(rank, -signal.SIGKILL, now, detail)
+        return True
 
     def _preempting(self) -> bool:
         """A planned fault whose cause is a preemption fired in this generation."""

@@ -67,3 +67,23 @@ def test_a_file_event_is_named_by_its_count_or_its_path(kwargs, words):
             make(at_step=1, **kwargs)
     assert chaos.power_loss(at_step=1, path="/ckpt/latest/", op="rename").params == \
         {"path": "ckpt/latest", "op": "rename"}
+
+
+@pytest.mark.parametrize("fault", [chaos.partition(rank=2, at_step=1),
+                                   chaos.slow_link(rank=2, at_step=1, loss=0.1)])
+@pytest.mark.parametrize("options", [{"launcher": "fork"},
+                                     {"launcher": "elastic", "nodes": 2, "network": "loopback"},
+                                     {"launcher": "elastic", "nodes": 1}])
+def test_a_network_fault_needs_two_namespaced_nodes_and_says_so(fault, options):
+    with pytest.raises(ScheduleError, match="namespaced nodes"):
+        scenario_from("lm", world_size=4, steps=4, faults=[fault], **options)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({}, "rate_mbit=, loss= or delay_ms="), ({"loss": 1.5}, "a fraction in"),
+    ({"rate_mbit": 0}, "rate_mbit must be > 0"), ({"delay_ms": 5, "jitter_ms": -1}, "jitter_ms")])
+def test_a_slow_link_says_what_it_needs(kwargs, words):
+    with pytest.raises(ScheduleError, match=words):
+        chaos.slow_link(rank=0, at_step=1, **kwargs)
+    with pytest.raises(ScheduleError, match="direction"):
+        chaos.partition(rank=0, at_step=1, direction="sideways")

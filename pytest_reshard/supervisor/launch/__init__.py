@@ -91,6 +91,11 @@ class LiveGeneration:
         """The most ranks a next generation can have (the nodes left), None: no limit."""
         return None
 
+    def fence(self, node: int) -> None:
+        """Kill node ``node`` for good, its agent and every rank on it (a node cut off the
+        network, fenced as a scheduler would); only launchers of namespaced nodes have one."""
+        raise NotImplementedError(f"{type(self).__name__} has no nodes to fence")
+
     def restarting(self) -> bool:
         """True while agents re-form the world on their own after a failure."""
         return False

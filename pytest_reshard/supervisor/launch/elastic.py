@@ -182,6 +182,15 @@ class ElasticGeneration(LiveGeneration):
         wait_until(lambda: not any(running(p) for p in self._seen), KILL_WAIT_S,
                     "an elastic worker")
 
+    def fence(self, node: int) -> None:
+        """Node ``node``'s agent and its workers, killed: the agents left re-form without it."""
+        agent = self._agents[node]
+        workers = children(agent.pid)
+        self._seen.update(workers)
+        for pid in (agent.pid, *workers):
+            killpg(pid)
+        agent.wait(timeout=KILL_WAIT_S)
+
     # -- elastic -------------------------------------------------------------------------------
     def restarting(self) -> bool:
         """True while some agent lives: after a failure, it re-forms the world on its own."""
