@@ -184,12 +184,14 @@ class _Row(NamedTuple):
     topology: Topology
     tol: float          # the largest deviation that passes at this step
     status: str         # "ok", "fail" or "unknown"
-    why: str            # "same", "cross", "window", "nondeterministic", "diverged", "noref"
+    why: str            # "same", "cross", "window", "nondeterministic", "diverged", "noref",
+    #                     "nonfinite"
     agreement: Agreement | None = None
 
     @property
     def dev(self) -> float:
-        return abs(self.loss - self.ref) if self.ref is not None else math.inf
+        return abs(self.loss - self.ref) if self.ref is not None and math.isfinite(self.loss) \
+            else math.inf
 
     @property
     def units(self) -> float:
@@ -362,6 +364,8 @@ class _Case:
         ref = self.refs.get(t, {}).get(s)
         if ref is None or any(p not in self.refs for p in path):
             return _Row(s, occ, loss, ref, t, math.inf, "unknown", "noref")
+        if not math.isfinite(loss):   # NaN compares false with any tolerance: fail it here
+            return _Row(s, occ, loss, ref, t, 0.0, "fail", "nonfinite")
         rounding = max(ROUNDING_FLOOR * abs(ref), 1e-30)
         dev = abs(loss - ref)
         if len(path) == 1:
@@ -414,10 +418,15 @@ class _Case:
         return jumps
 
     def dev_text(self, r: _Row) -> str:
+        if r.why == "nonfinite":
+            return (f"{r.loss} where the clean run at {topology_name(r.topology)} has "
+                    f"{r.ref:.6g}")
         return (f"{r.loss:.6g} vs {r.ref:.6g} in the clean run at {topology_name(r.topology)} (off "
                 f"by {r.dev:.3g}, {r.units:.3g}x the tolerance)")
 
     def tol_text(self, r: _Row) -> str:
+        if r.why == "nonfinite":
+            return "a loss that is not a finite number fails at any tolerance"
         if r.why == "same":
             return (f"the run never left {topology_name(r.topology)} before this step, so it must "
                     f"match that clean run bit for bit (tolerance {SAME_SIZE_FLOOR:g}*|loss|, "

@@ -162,3 +162,15 @@ def test_across_sizes_the_per_step_floor_decides(case):
         assert v.status == "pass", (case, v.message)
     else:
         assert v.status == "fail", (case, v.message)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_loss_that_is_not_a_number_fails_at_any_tolerance(bad):
+    """NaN compares false with every bound, so a NaN loss once read as "within tolerance" (a
+    flipped exponent bit in a run without a guard)."""
+    b = Builder(steps=10, world_size=2)
+    b.gen(run=range(10), loss=lambda s: bad if s >= 8 else default_loss(s))
+    v = loss_continuity(b.history(), references=[clean_run(steps=10, world_size=2)])
+    assert v.status == "fail" and v.step == 8, v.message
+    assert f"loss departs from the reference at step 8 (generation 0): {bad} where the clean " \
+        "run at 2 ranks has" in v.message and "not a finite number" in v.message, v.message
