@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pytest_reshard.chaos._common import target_of
 from pytest_reshard.contract import FLIPPED, Ev
 from pytest_reshard.schedule import Fault, ScheduleError
-from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
@@ -73,6 +73,8 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
         raise InjectedFault(f"bitflip: {name} has no {p['tensor']} tensor at step "
                             f"{fault['step']}, phase {fault['phase']} (a gradient exists after "
                             "backward; an optimizer moment after the first update)")
+    if hasattr(t, "to_local"):   # a DTensor (FSDP2): this rank's shard, same storage
+        t = t.to_local()
     flat = t.detach().view(-1)
     index, bit = p["index"] % flat.numel(), p["bit"] % (8 * flat.element_size())
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
@@ -83,5 +85,17 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
              index=index, bit=bit, before=before, after=flat[index].item())
 
 
-register(FaultKind("bitflip", execute=execute, ending=Ending.NONE, label="bit flip",
+def _draw(draw: Any, ctx: DrawContext) -> Fault:
+    """A tensor that exists at the point: a gradient at ``optimizer``, a moment after the
+    first update; any bit, so a flip may be loud or invisible."""
+    from hypothesis import strategies as st
+
+    tensors = ["param", *(["grad"] if ctx.phase == "optimizer" else []),
+               *(["optimizer"] if ctx.step > 0 else [])]
+    return bitflip(rank=draw(st.integers(0, ctx.world_size - 1)), at_step=ctx.step,
+                   phase=ctx.phase, tensor=draw(st.sampled_from(tensors)),
+                   index=draw(st.integers(0, 4095)), bit=draw(st.integers(0, 31)))
+
+
+register(FaultKind("bitflip", execute=execute, ending=Ending.NONE, label="bit flip", draw=_draw,
                    doc=bitflip.__doc__ or ""))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pytest_reshard.chaos._common import positive, target_of
 from pytest_reshard.chaos._link import apply, link_or_refuse, needs_namespaced_nodes
 from pytest_reshard.schedule import Fault, ScheduleError
-from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
@@ -54,6 +54,13 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
           [["iptables", "-D", *r] for r in rules], p.get("duration_s"))
 
 
-register(FaultKind("partition", execute=execute, ending=Ending.DEATH,
-                   requires=needs_namespaced_nodes("partition"), isolates=True,
+def _draw(draw: Any, ctx: DrawContext) -> Fault:
+    from hypothesis import strategies as st
+
+    return partition(rank=draw(st.integers(0, ctx.world_size - 1)), at_step=ctx.step,
+                     phase=ctx.phase, direction=draw(st.sampled_from(sorted(DIRECTIONS))))
+
+
+register(FaultKind("partition", execute=execute, ending=Ending.DEATH, draw=_draw,
+                   min_world_size=2, requires=needs_namespaced_nodes("partition"), isolates=True,
                    doc=partition.__doc__ or ""))

@@ -8,7 +8,7 @@ from pytest_reshard.chaos._common import target_of, then
 from pytest_reshard.chaos.file_event import at_file, matcher
 from pytest_reshard.contract import FileKill
 from pytest_reshard.schedule import Fault
-from pytest_reshard.schedule.kinds import Ending, FaultKind, register
+from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
@@ -16,10 +16,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def power_loss(*, at_step: int, event: int | None = None, path: str | None = None,
                op: str | None = None, rank: int | None = 0, target: str | None = None,
-               then_world_size: int | None = None) -> Fault:
+               then_world_size: int | None = None, phase: str = "begin") -> Fault:
     """The machine loses power just before the ``event``-th file event the rank makes under the
-    work folder from the start of step ``at_step`` on (counted as ``kill_at_file_event`` counts,
-    or named as it names one: ``path=``, ``op=``):
+    work folder from the fault point on (step ``at_step``, ``phase``: its start by default;
+    counted as ``kill_at_file_event`` counts, or named as it names one: ``path=``, ``op=``):
     every rank dies at once, and the work folder comes back as POSIX allows after a crash:
 
     - each file written in the generation keeps only what an fsync made durable: the size of
@@ -41,7 +41,7 @@ def power_loss(*, at_step: int, event: int | None = None, path: str | None = Non
     writes through raw descriptors or mmap (named as not judged), an unlink, rmtree or mkdir
     undone, a torn sector, the storage's own cache, and several nodes (one machine only).
     """
-    return Fault("power_loss", target_of(rank, None, target, "one"), at_step, "begin",
+    return Fault("power_loss", target_of(rank, None, target, "one"), at_step, phase,
                  {**at_file(event, path, op), **then(then_world_size)})
 
 
@@ -58,6 +58,14 @@ def _requires(options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _draw(draw: Any, ctx: DrawContext) -> Fault:
+    """Early in a save's file events: the next save from the point on, wherever it falls."""
+    from hypothesis import strategies as st
+
+    return power_loss(at_step=ctx.step, phase=ctx.phase, event=draw(st.integers(1, 12)),
+                      rank=draw(st.integers(0, ctx.world_size - 1)))
+
+
 register(FaultKind("power_loss", execute=execute, ending=Ending.DEATH, watches_files=True,
-                   loses_unsynced=True, requires=_requires, label="power loss",
+                   loses_unsynced=True, requires=_requires, label="power loss", draw=_draw,
                    doc=power_loss.__doc__ or ""))

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pytest_reshard.chaos._common import positive, target_of
 from pytest_reshard.chaos._link import apply, link_or_refuse, needs_namespaced_nodes
 from pytest_reshard.schedule import Fault, ScheduleError
-from pytest_reshard.schedule.kinds import FaultKind, register
+from pytest_reshard.schedule.kinds import DrawContext, FaultKind, register
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.probe import Run
@@ -76,5 +76,16 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
     apply("slow_link", commands, undo, p.get("duration_s"))
 
 
-register(FaultKind("slow_link", execute=execute, requires=needs_namespaced_nodes("slow_link"),
+def _draw(draw: Any, ctx: DrawContext) -> Fault:
+    """A rate cap or a loss slow enough to show, not so slow a step outlasts ``stall_s``."""
+    from hypothesis import strategies as st
+
+    rank, at = draw(st.integers(0, ctx.world_size - 1)), dict(at_step=ctx.step, phase=ctx.phase)
+    if draw(st.booleans()):
+        return slow_link(rank=rank, rate_mbit=draw(st.sampled_from([16.0, 64.0])), **at)
+    return slow_link(rank=rank, loss=draw(st.sampled_from([0.01, 0.05])), **at)
+
+
+register(FaultKind("slow_link", execute=execute, draw=_draw,
+                   requires=needs_namespaced_nodes("slow_link"),
                    label="slow link", doc=slow_link.__doc__ or ""))

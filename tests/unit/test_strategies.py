@@ -19,9 +19,20 @@ def workloads(draw):
     steps = draw(st.integers(1, 30))
     min_world = draw(st.integers(1, world))
     kinds = draw(st.lists(st.sampled_from(strategies.drawable()), min_size=1, unique=True))
+    if NETWORK & set(kinds):   # one machine's power loss and one node's link never meet
+        kinds = [k for k in kinds if k != "power_loss"]
     phases = draw(st.lists(st.sampled_from(STANDARD_PHASES + ("mine",)), min_size=1, unique=True))
     return dict(world_size=world, steps=steps, kinds=tuple(kinds), max_faults=draw(st.integers(0, 6)),
                 min_world_size=min_world, phases=tuple(phases))
+
+
+NETWORK = {"partition", "slow_link"}   # drawn for namespaced nodes only
+
+
+def _options(kinds):
+    """The options of a scenario that can run these kinds."""
+    return {"launcher": "elastic", "nodes": 2, "network": "netns", "multi_node": True} \
+        if NETWORK & set(kinds) else {}
 
 
 @FAST
@@ -29,7 +40,8 @@ def workloads(draw):
 def test_every_generated_schedule_passes_validate(data):
     kw = data.draw(workloads())
     schedule = data.draw(strategies.schedules(**kw))
-    validate(schedule, world_size=kw["world_size"], steps=kw["steps"], phases=kw["phases"])
+    validate(schedule, world_size=kw["world_size"], steps=kw["steps"], phases=kw["phases"],
+             options=_options(kw["kinds"]))
     assert len(schedule.faults) <= kw["max_faults"]
     size, terminal_steps = kw["world_size"], []
     for f in schedule.faults:
@@ -112,3 +124,8 @@ def test_strategies_is_an_importable_module_under_the_package():
     import pytest_reshard.strategies as alias
 
     assert alias is home and pytest_reshard.strategies is home and schedules is home.schedules
+
+
+def test_the_wider_nemesis_is_drawable():
+    assert {"abort_comms", "bitflip", "partition", "power_loss", "slow_link"} <= \
+        set(strategies.drawable())
