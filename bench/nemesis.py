@@ -9,13 +9,18 @@ see the same machine noise.
 - abort_comms: rank 1's process groups aborted in step 7's backward, the process left alive
   (it fails its next collective, writes its emergency snapshot and exits);
 - power_loss: the machine's power cut at the first file event rank 0 makes from step 7 on (the
-  save after step 7 begins), every rank killed at once, what was not durable undone.
+  save after step 7 begins), every rank killed at once, what was not durable undone;
+- bitflip: bit 30 of rank 1's first parameter flipped in step 7 before the update; the LM's loss
+  guard stops every rank once the loss shows it (a NaN or a spike), without saving;
+- kill/elastic and partition: on two namespaced nodes under torchrun's agents (root; skipped
+  elsewhere), a kill of rank 2, and rank 2's node cut off the network in step 7's backward; the
+  LM's collectives time out after 5 s, and the agents re-form on the node left.
 
 Measured from the fault (the kill, the abort, the cut): the supervisor's first detection of a
 dead rank (``detect``), and the next generation's first committed step (every rank ended it),
 with the committed steps it runs again. Every run must pass every checker, or the script stops
-with the verdicts. (``bitflip`` kills nothing unless the workload's own check fires: its cost is
-the workload's, and ``tests/scenarios/test_bitflip.py`` judges it.)
+with the verdicts. (``slow_link`` ends nothing: its cost is the throughput it takes, which
+``tests/scenarios/test_network_faults.py`` reports.)
 """
 import argparse
 import statistics
@@ -25,12 +30,18 @@ from pathlib import Path
 from pytest_reshard import chaos
 from pytest_reshard.history import FileEvent, History
 from pytest_reshard.session import Session, scenario_from
+from pytest_reshard.supervisor.launch import netns
 
 WORLD, AT_STEP, CKPT_EVERY = 4, 7, 4
-KINDS = {
-    "kill": lambda: chaos.kill(rank=1, at_step=AT_STEP, phase="backward"),
-    "abort_comms": lambda: chaos.abort_comms(rank=1, at_step=AT_STEP, phase="backward"),
-    "power_loss": lambda: chaos.power_loss(rank=0, at_step=AT_STEP, event=1),
+NODES = dict(launcher="elastic", nodes=2, network="netns")
+KINDS = {  # name: (the fault, the scenario's options, the LM's own arguments)
+    "kill": (chaos.kill(rank=1, at_step=AT_STEP, phase="backward"), {}, []),
+    "abort_comms": (chaos.abort_comms(rank=1, at_step=AT_STEP, phase="backward"), {}, []),
+    "power_loss": (chaos.power_loss(rank=0, at_step=AT_STEP, event=1), {}, []),
+    "bitflip": (chaos.bitflip(rank=1, at_step=AT_STEP, phase="optimizer", bit=30), {}, []),
+    "kill/elastic": (chaos.kill(rank=2, at_step=AT_STEP, phase="backward"), NODES,
+                     ["--pg-timeout-s", "5"]),
+    "partition": (chaos.partition(rank=2, at_step=AT_STEP), NODES, ["--pg-timeout-s", "5"]),
 }
 
 
@@ -59,12 +70,16 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     args = p.parse_args()
     got: dict[tuple[str, str], list[float]] = {}
+    why = netns.netns_unavailable()
+    kinds = {k: v for k, v in KINDS.items() if why is None or not v[1]}
+    if len(kinds) < len(KINDS):
+        print(f"skipping {', '.join(k for k in KINDS if k not in kinds)}: {why}")
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
         for i in range(args.repeats):
-            for kind, fault in KINDS.items():
+            for kind, (fault, options, lm_args) in kinds.items():
                 sc = scenario_from("lm", world_size=WORLD, steps=args.steps, timeout_s=180,
-                                   args=["--size", "tiny", "--ckpt-every", str(CKPT_EVERY)],
-                                   faults=[fault()])
+                                   args=["--size", "tiny", "--ckpt-every", str(CKPT_EVERY),
+                                         *lm_args], faults=[fault], **options)
                 result = session.run(sc, f"{kind}-{i}")
                 if not result.ok:
                     raise SystemExit(f"{kind}: " + "; ".join(
@@ -80,7 +95,7 @@ def main() -> None:
           f"every {CKPT_EVERY} steps:")
     print(f"{'fault':12s} {'detected':>10s} {'x kill':>7s} {'1st commit':>11s} {'x kill':>7s} "
           f"{'re-run':>7s}")
-    for kind in KINDS:
+    for kind in kinds:
         m = {k: statistics.median(got[(kind, k)]) for k in ("detect_s", "first_commit_s",
                                                               "rerun_steps")}
         print(f"{kind:12s} {m['detect_s']:9.3f}s {m['detect_s'] / kill['detect_s']:6.2f}x "
