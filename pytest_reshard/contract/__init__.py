@@ -95,6 +95,7 @@ class Ev(str, enum.Enum):
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
     MEMBER = "member"          # membership mode: action (a ``MemberAction``) and its fields
+    DEVICES = "devices"        # a heterogeneous world's generation: gen, classes, speeds, mode, why, cpus
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation
                                # (job, nodes), each step (gen, name, nodes)
     POWER_LOSS = "power_loss"  # what a power loss took (``supervisor/power.py``): gen, renames_undone,
@@ -240,7 +241,7 @@ STEP_EVENTS = frozenset({Ev.BEGIN, Ev.POINT, Ev.END, Ev.RECORD, Ev.ERROR, Ev.FAU
                          Ev.LIVE})
 SUPERVISOR_EVENTS = frozenset({Ev.SCENARIO, Ev.GEN_START, Ev.GEN_END, Ev.DETECT, Ev.UNFIRED,
                                Ev.ABORT, Ev.RSS, Ev.NODES, Ev.DELIVER, Ev.MEMBER, Ev.HUB,
-                               Ev.POWER_LOSS})
+                               Ev.POWER_LOSS, Ev.DEVICES})
 #: How a rank on another machine reports (``Env.HUB``; served by ``supervisor/hub.py``), one JSON
 #: object per line over one TCP connection per process. A peer first says hello: a rank
 #: ``{"hello": "rank", "protocol", "gen", "rank", "pid", "t"}`` (``t``: its clock, so the hub can

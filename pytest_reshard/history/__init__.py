@@ -34,7 +34,7 @@ from pytest_reshard.contract import Torn
 from pytest_reshard.history.loading import HistoryError
 from pytest_reshard.history.queries import History
 from pytest_reshard.history.records import (Abort, Attempt, Begun, Checkpoint, Delivery, PowerLoss,
-                                            Detection, Ended, Exit, FaultFired, FileEvent,
+                                            Detection, Devices, Ended, Exit, FaultFired, FileEvent,
                                             Generation, MemberEvent, Note, Occurrence, Point,
                                             RankMemory, RankRecord, Replay, RssSample, Saved,
                                             ScenarioRecord, Signal, Started, StepError, StepSpan,
@@ -45,6 +45,6 @@ __all__ = [
     "History", "HistoryError", "ScenarioRecord", "Generation", "Occurrence", "Checkpoint",
     "FaultFired", "Detection", "Torn", "RankMemory", "StepSpan", "Attempt", "Replay",
     "FileEvent", "Saved", "Begun", "Ended", "Started", "Point", "StepError", "Signal", "Exit",
-    "Note", "Unfired", "Abort", "Delivery", "PowerLoss", "RssSample", "MemberEvent", "RankRecord",
+    "Note", "Unfired", "Abort", "Delivery", "Devices", "PowerLoss", "RssSample", "MemberEvent", "RankRecord",
     "file_trail", "SAVING", "SAVE", "LOAD", "STATE",
 ]

@@ -15,7 +15,7 @@ from pytest_reshard.contract import Cause, Damaged, Detected, Ev, MemberAction, 
 from pytest_reshard.history.loading import HistoryError, is_supervisor, load_events, validate
 from pytest_reshard.history.membership import MembershipQueries
 from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
-                                            Event, FaultFired, FileEvent, Generation, Note,
+                                            Devices, Event, FaultFired, FileEvent, Generation, Note,
                                             Occurrence, PowerLoss, RankMemory, RankRecord, RssSample,
                                             ScenarioRecord, Signal, StepError, StepSpan, Exit,
                                             Unfired, MemberEvent, _opt_float, _opt_int, _opt_number, _t,
@@ -206,6 +206,13 @@ class History(MembershipQueries):
         return [Delivery(int(e["gen"]), e.get("fault_id"), e.get("kind"), e.get("grace_s"),
                          _opt_float(e.get("t")))
                 for e in self._supervisor if e["ev"] == Ev.DELIVER]
+
+    def devices(self) -> dict[int, Devices]:
+        """Each generation's device classes, in a heterogeneous world (else empty)."""
+        return {int(e["gen"]): Devices(int(e["gen"]), tuple(e["classes"]),
+                                       tuple(float(s) for s in e["speeds"]), str(e["mode"]),
+                                       str(e.get("why") or ""))
+                for e in self._supervisor if e["ev"] == Ev.DEVICES}
 
     def power_losses(self) -> list[PowerLoss]:
         """What each power loss took, in history order."""

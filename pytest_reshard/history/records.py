@@ -361,6 +361,18 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class Devices:
+    """A heterogeneous world's generation (``Scenario.devices``): each rank's device class, its
+    speed relative to the run's fastest, and how that was made real (``cgroup``, ``stretch``)."""
+
+    gen: int
+    classes: tuple[str, ...]
+    speeds: tuple[float, ...]
+    mode: str
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class PowerLoss:
     """What a power loss took from the work folder (``power_loss``): ``reasons`` says why, per
     path (a folder: everything under it)."""

@@ -168,12 +168,13 @@ def _feed(h: "hashlib._Hash", obj: Any) -> None:
 class Step:
     """The context of one training step; ``point`` marks named phases inside it."""
 
-    __slots__ = ("_run", "step", "phase")
+    __slots__ = ("_run", "step", "phase", "t0")
 
     def __init__(self, run: "Run", step: int) -> None:
         self._run = run
         self.step = step
         self.phase = "begin"
+        self.t0 = 0.0   # when it began (time.monotonic)
 
     def point(self, phase: str) -> None:
         """Mark entering ``phase``: recorded, and any fault planned here fires now."""
@@ -240,6 +241,7 @@ class Run:
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
         self._ballast: list[Any] = []  # what executors hold (``hold``)
         self._exposed: dict[str, Any] = {}  # the model and optimizer a bitflip may corrupt
+        self._stretch = 0.0   # a slower device class with no cgroup to cap it: sleep this x a step
         self._fd = -1
         self._write: Callable[[bytes], Any] = lambda data: None  # one event line, all at once
         #: The errno of an event the run folder refused (full, read-only), else 0.
@@ -288,10 +290,24 @@ class Run:
             faulthandler.register(STACK_SIGNAL, all_threads=True)   # stacks into the log
         self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
+        if plan.get("devices"):
+            self._take_device(plan["devices"])
         if plan.get("files"):
             self.watch_files()
         if plan.get("keep_replaced"):
             self.watch_files().keep_replaced(run_dir.replaced(self.generation))
+
+    def _take_device(self, entry: Mapping[str, Any]) -> None:
+        """This rank's device class in a heterogeneous world: join the cgroup that caps its CPU
+        time, or, without one, stretch each step by the class's slowness."""
+        group = (entry.get("cgroups") or [None] * (self.rank + 1))[self.rank]
+        if group is not None:
+            try:
+                Path(group, "cgroup.procs").write_text(str(os.getpid()))
+                return
+            except OSError as e:
+                self.note("device_stretched", why=f"joining {group} failed: {e}")
+        self._stretch = 1.0 / float(entry["speeds"][self.rank]) - 1.0
 
     # -- recording -------------------------------------------------------------------------
     def _append(self, line: bytes) -> None:
@@ -347,6 +363,7 @@ class Run:
         """Begin ``step`` without a ``with`` block, for frameworks that call back at a step's
         edges (``on_step_begin``); end it with ``end_step``. Faults planned at ``begin`` fire."""
         s = self._open = Step(self, step)
+        s.t0 = time.monotonic()
         self._last_step = step
         if self.active:
             self._emit_step(_STEP_HEAD_BEGIN, step)
@@ -366,6 +383,8 @@ class Run:
             text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
             self.emit(Ev.ERROR, step=s.step, phase=s.phase, error=text[:500])
             return
+        if self._stretch:   # the slower device's extra time, before the step ends
+            time.sleep(self._stretch * (time.monotonic() - s.t0))
         if self._faults:
             self._fire(s.step, "end")
         self._emit_step(_STEP_HEAD_END, s.step)

@@ -8,6 +8,7 @@ from pytest_reshard import workloads
 from pytest_reshard.schedule import Fault, Schedule, kinds, validate
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.policies.membership import check_scenario as check_membership
+from pytest_reshard.supervisor.devices import MODES as THROTTLES, expand_devices
 from pytest_reshard.supervisor.scenario import Scenario, expand_roles
 
 __all__ = ["scenario_from"]
@@ -41,6 +42,10 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
                                                          for f in flat)
     if options.get("roles") is not None:
         options["roles"] = expand_roles(options["roles"], world_size)
+    if options.get("devices") is not None:
+        options["devices"] = expand_devices(options["devices"], world_size)
+    if options.get("throttle", "auto") not in THROTTLES:
+        raise ValueError(f"throttle={options['throttle']!r}: use one of {', '.join(THROTTLES)}")
     spec = workloads.get(workload)
     if not options.get("phases") and spec is not None and spec.phases:
         options["phases"] = list(spec.phases)

@@ -34,7 +34,7 @@ from pytest_reshard import filewatch
 from pytest_reshard.contract import (Cause, Env, Ev, FileKill, RunDir, encode_event, name_of,
                                      write_json)
 from pytest_reshard.schedule import kinds, resolve_target
-from pytest_reshard.supervisor import launch, power
+from pytest_reshard.supervisor import devices, launch, power
 from pytest_reshard.supervisor.launch import LiveGeneration, RankSpec, Regrouped, free_port
 from pytest_reshard.supervisor.policies.in_place import InPlace
 from pytest_reshard.supervisor.policies.membership import Membership
@@ -71,6 +71,10 @@ class Supervisor:
             scenario=scenario, note=self._note))
         self.fired: dict[int, dict] = {}  # fault id -> the fault event that fired it
         self.device_map: list[int] | None = None  # rank -> device, set by a rebalance
+        #: each rank's device class in a heterogeneous world, and their CPU caps
+        self.devices = list(scenario.devices) if scenario.devices else None
+        self.throttle = devices.Throttle(scenario.schedule.hash, scenario.throttle) \
+            if self.devices else None
         self._live: LiveGeneration | None = None
         #: A live reshard's next generation: its processes, its store, its gen_start record.
         self._next: tuple[LiveGeneration, Any, dict[str, Any]] | None = None
@@ -126,6 +130,9 @@ class Supervisor:
                 if outcome.next_world_size is not None:
                     roles = next_roles(roles, outcome.next_world_size, lost=outcome.lost_rank,
                                        wanted=outcome.next_roles)
+                    if self.devices:
+                        self.devices = devices.next_devices(self.devices, len(roles),
+                                                            lost=outcome.lost_rank)
                 self.device_map = outcome.device_map
                 self.record(Ev.GEN_END, gen=gen, cause=outcome.cause.value, planned=outcome.planned,
                             fault_id=outcome.fault_id, detail=outcome.detail, t=outcome.at,
@@ -157,6 +164,8 @@ class Supervisor:
             if self._own_launcher:
                 self.launcher.close()
         finally:
+            if self.throttle is not None:
+                self.throttle.close()
             if self.members is not None:
                 self.members.close()  # its Lighthouse, whatever failed before
             if not self._sup.closed:
@@ -178,10 +187,14 @@ class Supervisor:
             faults.append({"id": i, "kind": fault.kind, "ranks": ranks, "step": fault.step,
                            "phase": fault.phase, "params": dict(fault.params),
                            **kinds.executor_of(kinds.get(fault.kind))})
-        plan = {"seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
-                "device_map": self.device_map, "faults": faults, "files": sc.files,
-                "keep_replaced": any(kinds.get(f.kind).loses_unsynced for i, f in
-                                     enumerate(sc.schedule.faults) if i not in self.fired)}
+        plan: dict[str, Any] = {
+            "seed": sc.schedule.seed, "world_size": world_size, "roles": roles,
+            "device_map": self.device_map, "faults": faults, "files": sc.files,
+            "keep_replaced": any(kinds.get(f.kind).loses_unsynced for i, f in
+                                 enumerate(sc.schedule.faults) if i not in self.fired)}
+        if self.throttle is not None and self.devices:
+            entry = plan["devices"] = self.throttle.plan(gen, self.devices)
+            self.record(Ev.DEVICES, gen=gen, **{k: v for k, v in entry.items() if k != "cgroups"})
         write_json(self.dir.plan(gen), plan, indent=1)
 
     def _specs(self, gen: int, world_size: int, roles: list[str], port: int,

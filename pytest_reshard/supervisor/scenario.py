@@ -42,6 +42,8 @@ class Scenario:
     member_restarts: int = 3       # membership mode: restarts allowed per replica group and generation
     member_restart_delay_s: float = 0.0  # membership mode: a dead group comes back this much later
     lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings
+    devices: list[str] | None = None  # each rank's device class (supervisor/devices.py): a heterogeneous world
+    throttle: str = "auto"         # devices: "cgroup" (CPU quota), "stretch" (sleep after each step), auto
 
     def initial_roles(self) -> list[str]:
         """Each rank's role in the first generation: as given, else the workload's default."""

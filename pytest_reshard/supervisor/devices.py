@@ -1,0 +1,157 @@
+"""A heterogeneous world: each rank a device class of its own speed and memory, made real on CPU.
+
+``Scenario.devices`` names each rank's class (``{"h100": 2, "a100": 1, "l40s": 1}`` or a list).
+On CPU a class's speed becomes a cap on the rank's CPU time: its share of this machine's CPUs
+(``cpus / world_size``) times the class's speed relative to the fastest class of the run. The cap
+is a cgroup's CPU quota (``cpu.max`` on cgroup v2, ``cpu.cfs_quota_us`` on v1) where this
+process may make cgroups (root), which the rank joins as it attaches; elsewhere the probe
+*stretches* each step instead, sleeping ``(1 / speed - 1)`` times the step's own time after it,
+as a host thread waits on a slower device. ``Throttle.mode`` says which, and the history records
+it with each generation's classes (``Ev.DEVICES``).
+
+What it models: a rank that computes slower, so its peers wait for it at every collective.
+What it does not: memory bandwidth, NVLink or PCIe, a device's own memory size (recorded, not
+enforced), and, with the cgroup cap, it slows the rank's communication as much as its compute.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from pytest_reshard import procfs
+
+__all__ = ["DEVICE_CLASSES", "MODES", "DeviceClass", "Throttle", "expand_devices", "next_devices"]
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    speed: float        # dense BF16 throughput relative to an H100 SXM (the vendors' datasheets)
+    memory_gib: int
+
+
+#: H100 SXM 989 dense BF16 TFLOPS, A100 312, L40S 362; memory as sold (A100 in its 80 GB form).
+DEVICE_CLASSES = {c.name: c for c in (DeviceClass("h100", 1.0, 80), DeviceClass("a100", 0.32, 80),
+                                      DeviceClass("l40s", 0.37, 48))}
+CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 10_000   # short, so that a short step feels its cap as a slower rate
+
+
+def expand_devices(spec: Sequence[str] | Mapping[str, int], world_size: int) -> list[str]:
+    """``{"h100": 2, "a100": 1}`` (counts, in rank order) or a list -> one class per rank."""
+    names = [n for n, k in spec.items() for _ in range(int(k))] if isinstance(spec, Mapping) \
+        else [str(n) for n in spec]
+    unknown = sorted({n for n in names if n not in DEVICE_CLASSES})
+    if unknown:
+        raise ValueError(f"devices {spec!r}: unknown class {', '.join(unknown)}; known: "
+                         f"{', '.join(DEVICE_CLASSES)}")
+    if len(names) != world_size:
+        raise ValueError(f"devices {spec!r} name {len(names)} ranks but the world size is "
+                         f"{world_size}; make the counts add up")
+    return names
+
+
+def next_devices(devices: Sequence[str], size: int, *, lost: int | None = None) -> list[str]:
+    """The classes of the next generation: the same ranks less the one lost (its device went
+    with it), trimmed at the end, or extended with the last class."""
+    out = list(devices)
+    if lost is not None and size < len(out) and lost < len(out):
+        del out[lost]
+    return (out + out[-1:] * size)[:size]
+
+
+MODES = ("auto", "cgroup", "stretch")
+
+
+class Throttle:
+    """Per-rank CPU caps for one run: cgroups where they can be made (``mode="auto"``, or
+    ``"cgroup"``: an error where they cannot), else the probe's stretch (``"stretch"``)."""
+
+    def __init__(self, run_id: str, mode: str = "auto") -> None:
+        if mode not in MODES:
+            raise ValueError(f"throttle={mode!r}: use one of {', '.join(MODES)}")
+        self.root, self.v1, why = (None, False, "stretch asked for") if mode == "stretch" else \
+            _cgroup_root(f"{os.getpid()}-{run_id}")
+        if mode == "cgroup" and self.root is None:
+            raise RuntimeError(f"throttle='cgroup' was asked for, but {why}")
+        self.mode = "cgroup" if self.root is not None else "stretch"
+        self.why = why
+        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+
+    def plan(self, gen: int, devices: Sequence[str]) -> dict[str, Any]:
+        """The generation's ``devices`` entry of its plan: each rank's class, speed (relative
+        to the fastest class of the run) and, under cgroups, the group it joins."""
+        fastest = max(DEVICE_CLASSES[d].speed for d in devices)
+        speeds = [round(DEVICE_CLASSES[d].speed / fastest, 4) for d in devices]
+        entry: dict[str, Any] = {"classes": list(devices), "speeds": speeds, "mode": self.mode,
+                                 "why": self.why}
+        if self.root is not None:
+            share = self.cpus / len(devices)
+            entry["cgroups"] = [str(self._group(gen, r, speed * share))
+                                for r, speed in enumerate(speeds)]
+            entry["cpus"] = [round(speed * share, 4) for speed in speeds]
+        return entry
+
+    def _group(self, gen: int, rank: int, cpus: float) -> Path:
+        assert self.root is not None
+        group = self.root / f"g{gen}-r{rank}"
+        group.mkdir(exist_ok=True)
+        quota = max(1000, int(cpus * PERIOD_US))
+        if self.v1:
+            (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (group / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+        return group
+
+    def close(self) -> None:
+        """Remove the run's groups; their processes are gone (a group with one left stays, and
+        the next run's sweep of its parent takes it)."""
+        if self.root is None:
+            return
+        for group in sorted(self.root.glob("g*-r*")):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
+        self.root = None
+
+
+def _cgroup_root(run_id: str) -> tuple[Path | None, bool, str]:
+    """The run's own cgroup folder (made now), whether it is cgroup v1, and why none."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return None, False, "cgroups need root: each rank's steps are stretched"
+    for base, v1 in ((CGROUP_V2, False), (CGROUP_V1, True)):
+        if not (base / ("cpu.cfs_quota_us" if v1 else "cgroup.controllers")).exists():
+            continue
+        if not v1 and "cpu" not in (base / "cgroup.subtree_control").read_text().split():
+            continue   # v2 without the cpu controller delegated to children
+        parent = base / "pytest-reshard"
+        try:
+            parent.mkdir(exist_ok=True)
+            if not v1:   # delegate the cpu controller to the run's groups
+                (parent / "cgroup.subtree_control").write_text("+cpu")
+            _sweep(parent)
+            root = parent / run_id
+            root.mkdir(exist_ok=True)
+            return root, v1, ""
+        except OSError as e:
+            return None, False, f"making a cgroup under {base} failed ({e}): steps are stretched"
+    return None, False, "no cgroup cpu controller here: each rank's steps are stretched"
+
+
+def _sweep(parent: Path) -> None:
+    """Remove the groups of runs whose supervisor is gone (killed before its close)."""
+    for root in parent.iterdir():
+        pid = root.name.split("-")[0]
+        if root.is_dir() and not (pid.isdigit() and procfs.alive(int(pid))):
+            for group in root.glob("g*-r*"):
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+            with contextlib.suppress(OSError):
+                root.rmdir()
+

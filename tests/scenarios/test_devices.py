@@ -1,0 +1,70 @@
+"""A heterogeneous world (``devices=``): each rank a device class, its speed made real on CPU.
+
+``workloads/hetero_train.py`` computes a fixed amount per step, then all-reduces, and records how
+long it computed and how long it waited for the others. Under a cgroup's CPU cap (root) the
+A100-class rank (0.32 of an H100) computes about 3x longer; under the stretch (any user) its steps
+are stretched after the compute. Either way the H100-class rank waits for it, and the history
+records each generation's classes and how they were made real."""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from pytest_reshard.supervisor.devices import Throttle
+
+SCRIPT = "../workloads/hetero_train.py"
+MIXED = {"h100": 1, "a100": 1}
+
+
+def _median(result, field: str) -> dict[int, float]:
+    per: dict[int, list[float]] = {}
+    for _, e in result.history.records():
+        if field in e and e["step"] > 0:   # the first step pays for the process group's warm-up
+            per.setdefault(int(e["rank"]), []).append(float(e[field]))
+    return {r: statistics.median(v) for r, v in sorted(per.items())}
+
+
+def _cgroups() -> str | None:
+    try:
+        t = Throttle("probe", "cgroup")
+    except RuntimeError as e:
+        return str(e)
+    t.close()
+    return None
+
+
+@pytest.mark.reshard(world_size=2, steps=8, timeout=120)
+@pytest.mark.skipif(_cgroups() is not None, reason=str(_cgroups()))
+def test_an_a100_class_rank_capped_by_its_cgroup_computes_about_three_times_longer(reshard_run):
+    result = reshard_run(SCRIPT, devices=MIXED, throttle="cgroup")
+    result.assert_ok()
+    (d,) = result.history.devices().values()
+    assert (d.classes, d.speeds, d.mode) == (("h100", "a100"), (1.0, 0.32), "cgroup")
+    compute, wait = _median(result, "compute_s"), _median(result, "wait_s")
+    assert compute[1] > 2 * compute[0], compute   # 1 / 0.32 = 3.1 alone
+    assert wait[0] > wait[1], wait                 # the fast rank waits for the slow one
+    print(f"compute s per step: h100 {compute[0]:.3f}, a100 {compute[1]:.3f} "
+          f"({compute[1] / compute[0]:.2f}x); h100 waits {wait[0]:.3f} s")
+
+
+@pytest.mark.reshard(world_size=2, steps=8, timeout=120)
+def test_stretched_steps_make_the_fast_rank_wait_for_the_slow_class(reshard_run):
+    result = reshard_run(SCRIPT, devices=MIXED, throttle="stretch")
+    result.assert_ok()
+    (d,) = result.history.devices().values()
+    assert d.mode == "stretch" and d.why == "stretch asked for"
+    compute, wait = _median(result, "compute_s"), _median(result, "wait_s")
+    # the A100-class rank sleeps 2.1x its step after computing: the H100-class rank waits
+    assert wait[0] > 1.5 * compute[1], (compute, wait)
+
+
+def test_a_device_mix_that_does_not_fit_the_world_says_so():
+    from pytest_reshard.session import scenario_from
+
+    with pytest.raises(ValueError, match="name 3 ranks but the world size is 2"):
+        scenario_from(SCRIPT, world_size=2, steps=4, devices={"h100": 2, "a100": 1})
+    with pytest.raises(ValueError, match="unknown class tpu; known: h100, a100, l40s"):
+        scenario_from(SCRIPT, world_size=2, steps=4, devices=["h100", "tpu"])
+    with pytest.raises(ValueError, match="throttle='fast': use one of auto, cgroup, stretch"):
+        scenario_from(SCRIPT, world_size=2, steps=4, devices=MIXED, throttle="fast")
