@@ -35,6 +35,8 @@ The built-in checkers, in registration order (the verdict table's columns):
   loaded checkpoint holds the state of one step, the step it was saved at.
 - ``silent_corruption`` (a scheduled ``bitflip``): no flipped bit reaches a checkpoint before the
   workload's own check caught it, and no resume loads a corrupted save.
+- ``balance`` (a heterogeneous world, ``devices=``): no rank idles more than 10% of its steps
+  waiting for a slower one.
 """
 from __future__ import annotations
 
@@ -60,16 +62,17 @@ from pytest_reshard.checkers.allocator_fragmentation import (FRAGMENTATION_ALERT
 from pytest_reshard.checkers.crash_consistency import crash_consistency
 from pytest_reshard.checkers.one_step_checkpoint import one_step_checkpoint
 from pytest_reshard.checkers.silent_corruption import silent_corruption
+from pytest_reshard.checkers.balance import MAX_IDLE, balance
 
 __all__ = [
     # the checkers, as pure functions
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
     "liveness", "poisoned_commit", "sample_ledger", "has_roles", "throughput", "role_rate",
     "role_work", "RoleRate", "memory_headroom", "allocator_fragmentation", "crash_consistency",
-    "one_step_checkpoint", "silent_corruption",
+    "one_step_checkpoint", "silent_corruption", "balance",
     # their constants
     "SPREAD_FACTOR", "ROUNDING_FLOOR", "PRE_UPDATE", "PIPELINE_ROLES", "MEMORY_MARGIN",
-    "FRAGMENTATION_ALERT", "FRAGMENTATION_MIN_FREE",
+    "FRAGMENTATION_ALERT", "FRAGMENTATION_MIN_FREE", "MAX_IDLE",
     # the registry
     "Checker", "CheckFn", "CheckContext", "CleanRuns", "ReferenceRuns", "RegistrationError",
     "RESERVED_ASSERTIONS", "register", "add", "unregister", "registered", "get", "by_assertion",

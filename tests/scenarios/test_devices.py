@@ -34,11 +34,14 @@ def _cgroups() -> str | None:
     return None
 
 
+CGROUPS = pytest.mark.skipif(_cgroups() is not None, reason=str(_cgroups()))
+
+
+@CGROUPS
 @pytest.mark.reshard(world_size=2, steps=8, timeout=120)
-@pytest.mark.skipif(_cgroups() is not None, reason=str(_cgroups()))
-def test_an_a100_class_rank_capped_by_its_cgroup_computes_about_three_times_longer(reshard_run):
-    result = reshard_run(SCRIPT, devices=MIXED, throttle="cgroup")
-    result.assert_ok()
+def test_even_shares_on_mixed_devices_leave_the_fast_rank_idle_and_fail_balance(reshard_run):
+    """The planted bug: the batch split evenly across an H100 and an A100."""
+    result = reshard_run(SCRIPT, devices=MIXED, throttle="cgroup", args=["--shares", "even"])
     (d,) = result.history.devices().values()
     assert (d.classes, d.speeds, d.mode) == (("h100", "a100"), (1.0, 0.32), "cgroup")
     compute, wait = _median(result, "compute_s"), _median(result, "wait_s")
@@ -46,17 +49,31 @@ def test_an_a100_class_rank_capped_by_its_cgroup_computes_about_three_times_long
     assert wait[0] > wait[1], wait                 # the fast rank waits for the slow one
     print(f"compute s per step: h100 {compute[0]:.3f}, a100 {compute[1]:.3f} "
           f"({compute[1] / compute[0]:.2f}x); h100 waits {wait[0]:.3f} s")
+    v = result.verdicts["balance"]
+    assert v.status == "fail" and v.rank == 0, v.message
+    assert v.message.startswith("generation 0: rank 0 (h100, 50% of the samples) idled ") and \
+        "waiting at the collectives for rank 1 (a100, 50% of the samples)" in v.message, v.message
+    assert {c for c, x in result.verdicts.items() if x.status != "pass"} == {"balance"}
+
+
+@CGROUPS
+@pytest.mark.reshard(world_size=2, steps=8, timeout=120)
+def test_shares_in_proportion_to_measured_speed_pass_balance(reshard_run):
+    result = reshard_run(SCRIPT, devices=MIXED, throttle="cgroup", args=["--shares", "measured"])
+    result.assert_ok()
+    print(result.verdicts["balance"].message)
 
 
 @pytest.mark.reshard(world_size=2, steps=8, timeout=120)
 def test_stretched_steps_make_the_fast_rank_wait_for_the_slow_class(reshard_run):
-    result = reshard_run(SCRIPT, devices=MIXED, throttle="stretch")
-    result.assert_ok()
+    result = reshard_run(SCRIPT, devices=MIXED, throttle="stretch", args=["--shares", "even"])
+    result.assert_ok(allow_unknown=True)
     (d,) = result.history.devices().values()
     assert d.mode == "stretch" and d.why == "stretch asked for"
     compute, wait = _median(result, "compute_s"), _median(result, "wait_s")
     # the A100-class rank sleeps 2.1x its step after computing: the H100-class rank waits
     assert wait[0] > 1.5 * compute[1], (compute, wait)
+    assert result.verdicts["balance"].status == "unknown"   # its compute_s shows no class
 
 
 def test_a_device_mix_that_does_not_fit_the_world_says_so():

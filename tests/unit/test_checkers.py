@@ -914,3 +914,31 @@ def test_a_workloads_advice_replaces_the_checkers_generic_one() -> None:
     b.rank(0, 0, Ev.NOTE, what=ADVICE, check="exactly_once_samples", text="add a sample_id column")
     v = exactly_once_samples(b.history())
     assert v.status == "unknown" and v.message.endswith("add a sample_id column"), v
+
+
+def _mixed(idle_fast: float, *, mode: str = "cgroup", record: bool = True):
+    """A 2-rank heterogeneous run: rank 0 (h100) idles ``idle_fast`` of each step."""
+    b = Builder(steps=4, world_size=2)
+    b.sup("devices", gen=0, classes=["h100", "a100"], speeds=[1.0, 0.32], mode=mode, why="")
+    b.gen(run=range(4), samples=lambda step, rank, world: None)
+    if record:
+        for step in range(4):
+            for rank, (samples, compute, wait) in enumerate(
+                    [(list(range(3)), 1.0 - idle_fast, idle_fast), ([3], 1.0, 0.0)]):
+                b.rank(0, rank, "record", step=step, samples=samples, compute_s=compute,
+                       wait_s=wait)
+    return b.history()
+
+
+def test_balance_fails_the_idlest_rank_naming_its_class_and_share_and_passes_a_balanced_world():
+    from pytest_reshard.checkers import balance
+
+    v = balance(_mixed(0.4))
+    assert v.status == "fail" and v.rank == 0 and v.generation == 0, v.message
+    assert v.message.startswith("generation 0: rank 0 (h100, 75% of the samples) idled 40% of "
+                                "its steps waiting at the collectives for rank 1 (a100, 25% "), v
+    ok = balance(_mixed(0.05))
+    assert ok.status == "pass" and "at most 5% idle" in ok.message, ok.message
+    assert balance(_mixed(0.05, mode="stretch")).status == "unknown"
+    assert "record, each step" in balance(_mixed(0.05, record=False)).message
+    assert "not a heterogeneous world" in balance(clean_run()).message

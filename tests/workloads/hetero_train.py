@@ -1,7 +1,12 @@
-"""A user's data-parallel script whose steps are compute-bound: each rank multiplies matrices for
-a fixed amount of work, then all-reduces. It records, per step, the seconds it computed
-(``compute_s``) and the seconds it waited at the all-reduce for the others (``wait_s``): on a
-heterogeneous world the slow class computes longer, and the fast one waits for it."""
+"""A user's data-parallel script whose steps are compute-bound: each rank works through its share
+of a global batch of samples (a fixed number of matrix products per sample), then all-reduces.
+It records, per step, its samples, the seconds it computed (``compute_s``) and the seconds it
+waited at the all-reduce for the others (``wait_s``).
+
+``--shares even`` splits every batch evenly. ``--shares measured`` (correct on mixed devices)
+splits the first step evenly; after each step the ranks all-gather their speed so far (samples
+per second of compute, over every step) and split the next batch in proportion to it."""
+import argparse
 import os
 import time
 from datetime import timedelta
@@ -11,22 +16,52 @@ import torch.distributed as dist
 
 from pytest_reshard import probe
 
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=int(os.environ.get("RESHARD_STEPS", 8)))
+p.add_argument("--shares", choices=("even", "measured"), default="measured")
+p.add_argument("--batch", type=int, default=64, help="samples per step, over all ranks")
+args = p.parse_args()
+
 run = probe.attach()
 dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 a = torch.randn(192, 192)
-steps = int(os.environ.get("RESHARD_STEPS", 8))
-for step in range(steps):
+counts = [args.batch // world + (r < args.batch % world) for r in range(world)]
+done, busy = 0, 0.0   # this rank's samples and seconds of compute so far
+
+
+def proportional(speeds: list[float]) -> list[int]:
+    """Largest remainders: shares of the batch in proportion to ``speeds``, every rank >= 1."""
+    exact = [args.batch * s / sum(speeds) for s in speeds]
+    out = [max(1, int(x)) for x in exact]
+    for r in sorted(range(world), key=lambda r: int(exact[r]) - exact[r]):
+        if sum(out) >= args.batch:
+            break
+        out[r] += 1
+    while sum(out) > args.batch:
+        out[out.index(max(out))] -= 1
+    return out
+
+
+for step in range(args.steps):
     with run.step(step) as s:
-        s.record(samples=[step * dist.get_world_size() + dist.get_rank()])
+        start = step * args.batch + sum(counts[:rank])
+        mine = list(range(start, start + counts[rank]))
+        s.record(samples=mine)
         t0 = time.perf_counter()
         x = a
-        for _ in range(300):
+        for _ in range(10 * len(mine)):
             x = torch.tanh(x @ a)
         t1 = time.perf_counter()
-        total = x.sum().reshape(1)
+        total = torch.tensor([float(sum(i % 7 for i in mine))])   # the same however split
         dist.all_reduce(total)
-        s.record(loss=float(total) / dist.get_world_size(), compute_s=round(t1 - t0, 6),
+        s.record(loss=float(total) / args.batch, compute_s=round(t1 - t0, 6),
                  wait_s=round(time.perf_counter() - t1, 6))
+    done, busy = done + len(mine), busy + (t1 - t0)
+    if args.shares == "measured":
+        rates = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(rates, torch.tensor([done / busy]))
+        counts = proportional([float(r) for r in rates])
 run.close()
 dist.destroy_process_group()
