@@ -22,6 +22,7 @@ from typing import Any
 from pytest_reshard.chaos._common import target_of as _target
 from pytest_reshard.chaos.abort_comms import abort_comms
 from pytest_reshard.chaos.bitflip import bitflip
+from pytest_reshard.chaos.change_devices import change_devices
 from pytest_reshard.chaos.crash_silently import crash_silently
 from pytest_reshard.chaos.ecc_error import ecc_error
 from pytest_reshard.chaos.file_event import kill_at_file_event
@@ -39,7 +40,7 @@ from pytest_reshard.chaos.slow_rank import slow_rank
 from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
-__all__ = ["abort_comms", "bitflip", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill",
+__all__ = ["abort_comms", "bitflip", "change_devices", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill",
            "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "partition", "power_loss",
            "preempt", "rebalance", "shift_shards", "slow_link", "slow_rank", "Fault"]
 

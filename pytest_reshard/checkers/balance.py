@@ -73,6 +73,7 @@ def balance(history: History, *, max_idle: float = MAX_IDLE) -> Verdict:
 @register(CHECK, column="bal", assertion="assert_balanced",
           applies=lambda ctx: bool(ctx.scenario is not None and ctx.scenario.devices),
           when="the scenario is a heterogeneous world (devices=)",
-          description="no rank idled more than 10% of its steps waiting for a slower one")
+          description="no rank idled more than max_idle (10%) of its steps waiting for a slower "
+                      "one")
 def _check(ctx: CheckContext) -> Verdict:
-    return balance(ctx.history)
+    return balance(ctx.history, max_idle=ctx.scenario.max_idle if ctx.scenario else MAX_IDLE)

@@ -58,9 +58,11 @@ class ReferenceRuns:
     def _clean(self, scenario: Scenario, roles: Sequence[str]) -> tuple[str, Scenario, dict]:
         """The key, the clean scenario and the shape (what keys it) of a reference run."""
         on = launch.launcher_class(scenario.launcher).references_on  # elastic: no agents needed
+        # a clean run computes what training should: at full speed, without device classes
         clean = dataclasses.replace(scenario, world_size=len(roles), roles=list(roles),
                                     schedule=Schedule(scenario.schedule.seed),
-                                    args=list(scenario.args), launcher=on or scenario.launcher)
+                                    args=list(scenario.args), launcher=on or scenario.launcher,
+                                    devices=None)
         shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         return key, clean, shape

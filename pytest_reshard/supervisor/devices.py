@@ -2,7 +2,9 @@
 
 ``Scenario.devices`` names each rank's class (``{"h100": 2, "a100": 1, "l40s": 1}`` or a list).
 On CPU a class's speed becomes a cap on the rank's CPU time: its share of this machine's CPUs
-(``cpus / world_size``) times the class's speed relative to the fastest class of the run. The cap
+(``0.5 * cpus / world_size``: the rest for the harness and the machine's own work, so that a
+rank's rate does not swing with them) times the class's speed relative to the fastest class of
+the run. The cap
 is a cgroup's CPU quota (``cpu.max`` on cgroup v2, ``cpu.cfs_quota_us`` on v1) where this
 process may make cgroups (root), which the rank joins as it attaches; elsewhere the probe
 *stretches* each step instead, sleeping ``(1 / speed - 1)`` times the step's own time after it,
@@ -17,25 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard import procfs
+from pytest_reshard.contract import DEVICE_CLASSES
 
-__all__ = ["DEVICE_CLASSES", "MODES", "DeviceClass", "Throttle", "expand_devices", "next_devices"]
-
-
-@dataclass(frozen=True)
-class DeviceClass:
-    name: str
-    speed: float        # dense BF16 throughput relative to an H100 SXM (the vendors' datasheets)
-    memory_gib: int
+__all__ = ["MODES", "Throttle", "expand_devices", "next_devices"]
 
 
-#: H100 SXM 989 dense BF16 TFLOPS, A100 312, L40S 362; memory as sold (A100 in its 80 GB form).
-DEVICE_CLASSES = {c.name: c for c in (DeviceClass("h100", 1.0, 80), DeviceClass("a100", 0.32, 80),
-                                      DeviceClass("l40s", 0.37, 48))}
 CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000   # short, so that a short step feels its cap as a slower rate
 
@@ -89,8 +81,8 @@ class Throttle:
         speeds = [round(DEVICE_CLASSES[d].speed / fastest, 4) for d in devices]
         entry: dict[str, Any] = {"classes": list(devices), "speeds": speeds, "mode": self.mode,
                                  "why": self.why}
-        if self.root is not None:
-            share = self.cpus / len(devices)
+        if self.root is not None:   # half the CPUs left to the harness and the machine
+            share = 0.5 * self.cpus / len(devices)
             entry["cgroups"] = [str(self._group(gen, r, speed * share))
                                 for r, speed in enumerate(speeds)]
             entry["cpus"] = [round(speed * share, 4) for speed in speeds]

@@ -43,6 +43,7 @@ class Outcome:
     lost_rank: int | None = None    # the rank whose unplanned loss ended the generation
     next_roles: Any = None          # roles a planned change asks for (counts or a list)
     device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
+    next_devices: list[str] | None = None  # the next generation's device classes (change_devices)
     live: bool = False              # the next generation is these processes, re-formed in place
     at: float | None = None         # when it ended (time.time()), if not when the watch returned
 
@@ -140,6 +141,8 @@ class PendingEnd:
             detail += f": rank r now on device {device_map}[r]"
         if params.get("roles"):
             detail += f"; roles now {dict(params['roles'])}"
+        if params.get("devices"):
+            detail += f"; devices now {', '.join(params['devices'])}"
         if sigtermed:
             detail += (f"; rank{'s' if len(sigtermed) > 1 else ''} "
                        f"{', '.join(map(str, sorted(sigtermed)))} died of its SIGTERM: "
@@ -148,7 +151,7 @@ class PendingEnd:
                        "checkpoint")
         return Outcome(self.cause, planned=True, fault_id=self.fault_id, detail=detail,
                        next_world_size=int(after), device_map=device_map,
-                       next_roles=params.get("roles"))
+                       next_roles=params.get("roles"), next_devices=params.get("devices"))
 
 
 def rebalanced(world_size: int, fraction: float, seed: str) -> list[int]:

@@ -130,7 +130,9 @@ class Supervisor:
                 if outcome.next_world_size is not None:
                     roles = next_roles(roles, outcome.next_world_size, lost=outcome.lost_rank,
                                        wanted=outcome.next_roles)
-                    if self.devices:
+                    if outcome.next_devices:
+                        self.devices = list(outcome.next_devices)
+                    elif self.devices:
                         self.devices = devices.next_devices(self.devices, len(roles),
                                                             lost=outcome.lost_rank)
                 self.device_map = outcome.device_map

@@ -44,6 +44,7 @@ class Scenario:
     lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings
     devices: list[str] | None = None  # each rank's device class (supervisor/devices.py): a heterogeneous world
     throttle: str = "auto"         # devices: "cgroup" (CPU quota), "stretch" (sleep after each step), auto
+    max_idle: float = 0.10         # devices: the most of its steps a rank may idle at collectives (balance)
 
     def initial_roles(self) -> list[str]:
         """Each rank's role in the first generation: as given, else the workload's default."""

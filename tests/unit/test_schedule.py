@@ -87,3 +87,14 @@ def test_a_slow_link_says_what_it_needs(kwargs, words):
         chaos.slow_link(rank=0, at_step=1, **kwargs)
     with pytest.raises(ScheduleError, match="direction"):
         chaos.partition(rank=0, at_step=1, direction="sideways")
+
+
+def test_a_device_change_needs_known_classes_and_a_heterogeneous_world():
+    with pytest.raises(ScheduleError, match="one known class per rank"):
+        chaos.change_devices(devices=["h100", "tpu"], at_step=2)
+    change = chaos.change_devices(devices={"a100": 1, "l40s": 2}, at_step=2)
+    assert change.params["devices"] == ["a100", "l40s", "l40s"] and \
+        change.params["to_world_size"] == 3
+    with pytest.raises(ScheduleError, match="give the scenario devices="):
+        scenario_from("lm", world_size=4, steps=6, faults=[change])
+    scenario_from("lm", world_size=2, steps=6, faults=[change], devices=["h100", "a100"])

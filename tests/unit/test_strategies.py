@@ -31,8 +31,9 @@ NETWORK = {"partition", "slow_link"}   # drawn for namespaced nodes only
 
 def _options(kinds):
     """The options of a scenario that can run these kinds."""
-    return {"launcher": "elastic", "nodes": 2, "network": "netns", "multi_node": True} \
+    options = {"launcher": "elastic", "nodes": 2, "network": "netns", "multi_node": True} \
         if NETWORK & set(kinds) else {}
+    return {**options, "devices": ["h100"]} if "change_devices" in kinds else options
 
 
 @FAST
