@@ -9,6 +9,7 @@ embedded, and written beside the page) when matplotlib is installed.
 from __future__ import annotations
 
 import base64
+import statistics
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
         f"{f' at {f.t:.3f} s (generation {f.gen})' if f.fired and f.t is not None else ''}</li>"
         for f in data.faults) or "<li>none (a clean run)</li>"
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in data.notes)
+    device_rows = _devices(result.history)
     legend_loss = charts.legend([("#555", "reference run (dashed)"),
                                  *charts.generation_legend(data.generations),
                                  (charts.FAULT_COLOUR, "fault (dotted line, where it fired)")])
@@ -136,6 +138,7 @@ is a step that never ended. Hover any mark for details.</p>
 <ul id="faults">{faults}</ul>
 <h2>Generations</h2>
 <table id="generations"><tr><th>gen</th><th>world size</th><th>steps</th><th>ended by</th><th>detail</th></tr>{gens}</table>
+{f'<h2>Devices</h2><table id="devices"><tr><th>gen</th><th>rank</th><th>class</th><th>speed</th><th>share of the samples</th><th>median step</th><th>made real by</th></tr>{device_rows}</table>' if device_rows else ''}
 {f'<h2>Detections</h2><table id="detections"><tr><th>gen</th><th>kind</th><th>rank</th><th>step</th><th>phase</th><th>exit</th><th>latency</th><th>expected</th></tr>{det_rows}</table>' if detections else ''}
 <h2>PNG plots</h2>
 {png_html}
@@ -172,6 +175,26 @@ def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "r
 {"".join(body)}</table></body></html>
 """)
     return page
+
+
+def _devices(history: History) -> str:
+    """A heterogeneous world's rows: each rank's class, speed, share and median step time."""
+    rows = []
+    for gen, d in sorted(history.devices().items()):
+        samples: dict[int, int] = {}
+        for occ, e in history.records():
+            if occ.gen == gen and e.get("samples"):
+                samples[int(e["rank"])] = samples.get(int(e["rank"]), 0) + len(e["samples"])
+        total = sum(samples.values())
+        for rank, (cls, speed) in enumerate(zip(d.classes, d.speeds)):
+            times = [s.end_t - s.begin_t for s in history.step_spans(gen=gen, rank=rank)
+                     if s.end_t is not None]
+            share = f"{samples.get(rank, 0) / total:.0%}" if total else "not recorded"
+            step = f"{statistics.median(times) * 1000:.0f} ms" if times else ""
+            rows.append(f"<tr><td>{gen}</td><td>{rank}</td><td>{escape(cls)}</td>"
+                        f"<td>{speed:g}</td><td>{share}</td><td>{step}</td>"
+                        f"<td>{escape(d.mode)}</td></tr>")
+    return "".join(rows)
 
 
 def _span(a: int | None, b: int | None) -> str:

@@ -105,3 +105,5 @@ def test_a_new_device_mix_relaunches_with_the_new_classes_and_the_shares_follow(
         {0: (("h100", "a100"), (1.0, 0.32)), 1: (("l40s",) * 3, (1.0,) * 3)}
     assert [g.world_size for g in result.history.generations.values()] == [2, 3]
     print(result.verdicts["balance"].message)
+    report = result.report.read_text()   # each rank's class, speed, share and step time
+    assert '<table id="devices">' in report and "<td>1</td><td>2</td><td>l40s</td>" in report
