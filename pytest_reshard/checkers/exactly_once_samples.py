@@ -32,16 +32,36 @@ def _at(occ: Occurrence, rank: int) -> str:
 def _uses(history: History, kept: list[Occurrence]) -> dict[_Key, list[_Use]]:
     """Each (role, epoch, sample) -> where the kept steps consumed it, in order."""
     out: dict[_Key, list[_Use]] = {}
+    roles: dict[tuple[int, int], str] = {}
     for occ in kept:
         for rank, pairs in sorted(history.samples(occ.gen, occ.step).items()):
-            role = history.role(occ.gen, rank)
-            for epoch, sample in pairs:
-                out.setdefault((role, epoch, sample), []).append((occ, rank))
+            role = roles.get((occ.gen, rank))
+            if role is None:
+                role = roles[(occ.gen, rank)] = history.role(occ.gen, rank)
+            for epoch, sample in pairs:   # a tuple per use: _duplicates tells uses apart by identity
+                key = (role, epoch, sample)
+                where = out.get(key)
+                if where is None:
+                    out[key] = [(occ, rank)]
+                else:
+                    where.append((occ, rank))
     return out
 
 
+class _RefSteps:
+    """(role, epoch, sample) -> at which steps the reference consumed it, how often; counted
+    only for the keys asked (the repeats), not for every sample of the run."""
+
+    def __init__(self, ref_uses: dict[_Key, list[_Use]]) -> None:
+        self._uses = ref_uses
+
+    def get(self, key: _Key, default: Counter[int]) -> Counter[int]:
+        where = self._uses.get(key)
+        return default if where is None else Counter(o.step for o, _ in where)
+
+
 def _duplicates(uses: dict[_Key, list[_Use]],
-                ref_steps: dict[_Key, Counter[int]] | None) -> list[tuple[_Key, _Use, _Use, int]]:
+                ref_steps: _RefSteps | None) -> list[tuple[_Key, _Use, _Use, int]]:
     """(key, an earlier use, the repeat, how many the reference allows) for each key consumed
     more often than it may be: once without a reference; with one, a repeat at a step where the
     reference consumed it too is allowed (an epoch the workload did not record)."""
@@ -90,11 +110,11 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     last = max((o.step for o in kept), default=-1)
     covered = sorted({o.step for o in kept})
     ref_uses: dict[_Key, list[_Use]] | None = None
-    ref_steps: dict[_Key, Counter[int]] | None = None
+    ref_steps: _RefSteps | None = None
     if reference is not None:
         ref_kept = [o for o in sorted(reference.kept()) if o.step <= last]
         ref_uses = _uses(reference, ref_kept)
-        ref_steps = {k: Counter(o.step for o, _ in v) for k, v in ref_uses.items()}
+        ref_steps = _RefSteps(ref_uses)
     dups = _duplicates(uses, ref_steps)
     consumed = {(epoch, sample) for _, epoch, sample in uses}
     details: dict[str, Any] = {"kept_steps": len(kept), "samples": len(consumed),

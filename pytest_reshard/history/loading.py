@@ -1,10 +1,12 @@
 """Reading a run folder's event files into one ordered list of raw events, checked line by line."""
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Damaged, Ev,
                                      RunDir, Torn, read_jsonl)
 from pytest_reshard.history.records import Event
+from pytest_reshard.history.streams import Recorded
 
 __all__ = ["HistoryError", "load_events", "validate", "is_supervisor"]
 
@@ -13,10 +15,10 @@ class HistoryError(ValueError):
     """The recorded events cannot be read; the message names the file, line and what to do."""
 
 
-def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], list[Damaged],
-                                                      Path]:
+def load_events(run_dir: str | Path | RunDir) -> tuple[Recorded, list[Torn], list[Damaged], Path]:
     """The events of ``run_dir/events/*.jsonl`` (or ``run_dir/*.jsonl``) ordered by time, the
-    torn last lines, the damaged lines (left out), and the run folder."""
+    torn last lines, the damaged lines (left out), and the run folder. A file at a time: only
+    its events are ever held as dicts."""
     root = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
     events_dir = root.events if root.events.is_dir() else root.root
     supervisor_file = root.supervisor_events.name
@@ -27,7 +29,17 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], 
     if not files:
         raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {supervisor_file}); "
                            "did the run start any rank?")
-    events: list[Event] = []
+    collecting = gc.isenabled()
+    gc.disable()   # millions of new objects, no cycles: each collection would walk them all
+    try:
+        return _read(files, root)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[Damaged], Path]:
+    events = Recorded()
     torn: list[Torn] = []
     damaged: list[Damaged] = []
     for path in files:
@@ -35,6 +47,7 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], 
         torn += file_torn
         damaged += file_damaged
         m = RANK_FILE.fullmatch(path.name)
+        good: list[Event] = []
         for lineno, e in file_events:
             try:
                 validate(e)
@@ -45,8 +58,9 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[list[Event], list[Torn], 
             except HistoryError as err:
                 damaged.append(Damaged(str(path), lineno, str(err)))
                 continue
-            events.append(e)
-    events.sort(key=lambda e: float(e.get("t", 0.0)))  # stable: file order within equal times
+            good.append(e)
+        events.extend(good, [float(e.get("t", 0.0)) for e in good])
+    events.order(by_key=True)  # stable: file order within equal times
     return events, torn, damaged, root.root
 
 

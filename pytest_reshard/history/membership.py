@@ -15,10 +15,13 @@ class MembershipQueries:
     ``supervisor_events`` of the history it is mixed into."""
 
     replica_groups: tuple[int, int] | None
-    _ranked: list[tuple[int, Event]]
     _attempts: list[Attempt] | None
     _by_step: dict[tuple[int, int], list[Attempt]] | None
     generations: dict[int, Any]
+
+    @property
+    def _ranked(self) -> list[tuple[int, Event]]:
+        raise NotImplementedError
 
     def supervisor_events(self, ev: str | None = None, *, gen: int | None = None) -> list[Event]:
         raise NotImplementedError

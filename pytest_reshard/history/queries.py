@@ -6,14 +6,16 @@ docstring.
 """
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_reshard.contract import Cause, Damaged, Detected, Ev, MemberAction, RunDir, Torn
-from pytest_reshard.history.loading import HistoryError, is_supervisor, load_events, validate
+from pytest_reshard.history.loading import HistoryError, load_events, validate
 from pytest_reshard.history.membership import MembershipQueries
+from pytest_reshard.history.streams import BEGIN, END, OTHER, POINT, RECORD, RankStream, Recorded
 from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
                                             Devices, Event, FaultFired, FileEvent, Generation, Note,
                                             Occurrence, PowerLoss, RankMemory, RankRecord, RssSample,
@@ -28,42 +30,53 @@ __all__ = ["History"]
 
 @dataclass
 class _Index:
-    """Per-(gen, step) facts, built once."""
+    """The facts the checkers ask for by generation and step, built once from the streams."""
 
-    ends: dict[tuple[int, int], set[int]] = field(default_factory=dict)
     end_times: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
-    begins: dict[tuple[int, int], set[int]] = field(default_factory=dict)
-    records: dict[tuple[int, int], list[Event]] = field(default_factory=dict)
+    ended: dict[int, set[int]] = field(default_factory=dict)     # gen -> steps some rank ended
+    begun: dict[int, set[int]] = field(default_factory=dict)     # gen -> steps some rank began
+    records: dict[tuple[int, int], list[tuple[RankStream, int]]] = field(default_factory=dict)
     starts: dict[int, dict[int, Event]] = field(default_factory=dict)
     resumed: dict[int, dict[int, Event]] = field(default_factory=dict)
     ranks_seen: dict[int, set[int]] = field(default_factory=dict)
+    #: The rank events kept as recorded (every kind but the per-step ones), by kind, in order.
+    kept: dict[str, list[tuple[int, Event]]] = field(default_factory=dict)
 
 
 class History(MembershipQueries):
     """The merged, typed events of one run. Build with ``load`` or ``from_events``."""
 
-    def __init__(self, events: Sequence[Event], *, torn: Sequence[Torn] = (),
+    def __init__(self, events: Sequence[Event] | Recorded, *, torn: Sequence[Torn] = (),
                  damaged: Sequence[Damaged] = (), run_dir: Path | None = None) -> None:
-        self.events: tuple[Event, ...] = tuple(events)
+        self._events: tuple[Event, ...] | None = None
+        if isinstance(events, Recorded):   # loaded: validated, in history order
+            recorded = events
+        else:
+            recorded = Recorded()
+            self._events = tuple(events)
+            for i, e in enumerate(self._events):
+                try:
+                    validate(e)
+                except HistoryError as err:
+                    raise HistoryError(f"event #{i}: {err}") from None
+                recorded.add(e, 0.0)
+            recorded.order(by_key=False)
         self.torn: tuple[Torn, ...] = tuple(torn)
         #: Lines of the run folder's event files that are not what was written (left out): a
         #: history with any is not judged (every checker says unknown, naming the first).
         self.damaged: tuple[Damaged, ...] = tuple(damaged)
         #: The run folder it was loaded from (its logs, for messages), None when built in memory.
         self.run_dir = run_dir
+        self._count = recorded.count
+        self._supervisor_at = recorded.supervisor
+        self._supervisor: list[Event] = [e for _, e in recorded.supervisor]
+        self._streams = recorded.streams
+        self._ranked_cache: list[tuple[int, Event]] | None = None
         self._ix = _Index()
-        self._supervisor: list[Event] = []
-        self._ranked: list[tuple[int, Event]] = []
-        for i, e in enumerate(self.events):
-            try:
-                validate(e)
-            except HistoryError as err:
-                raise HistoryError(f"event #{i}: {err}") from None
-            if is_supervisor(e):
-                self._supervisor.append(e)
-            else:
-                self._ranked.append((i, e))
-                self._index_rank_event(e)
+        for stream in self._streams.values():
+            self._index_stream(stream)
+        for kind in self._ix.kept.values():
+            kind.sort(key=lambda ie: ie[0])
         self.scenario = self._scenario()
         self.generations: dict[int, Generation] = self._generations()
         groups = [e for e in self._supervisor
@@ -73,7 +86,18 @@ class History(MembershipQueries):
             (int(groups[0]["groups"]), int(groups[0]["per"])) if groups else None
         self._attempts: list[Attempt] | None = None
         self._by_step: dict[tuple[int, int], list[Attempt]] | None = None
-        self._marks: dict[tuple[int, int], tuple[list[int], list[int]]] | None = None
+        self._kept: list[Occurrence] | None = None
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """Every event, in history order (built on first use: a large history keeps its rank
+        events compact)."""
+        if self._events is None:
+            out: list[Any] = [None] * self._count
+            for i, e in [*self._supervisor_at, *self._ranked]:
+                out[i] = e
+            self._events = tuple(out)
+        return self._events
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -88,21 +112,33 @@ class History(MembershipQueries):
         events, torn, damaged, root = load_events(run_dir)
         return cls(events, torn=torn, damaged=damaged, run_dir=root)
 
-    def _index_rank_event(self, e: Event) -> None:
+    def _index_stream(self, s: RankStream) -> None:
+        """One pass over a rank's stream, in its order (the history's)."""
         ix = self._ix
-        gen, rank, ev = int(e["gen"]), int(e["rank"]), e["ev"]
+        gen, rank = s.gen, s.rank
         ix.ranks_seen.setdefault(gen, set()).add(rank)
-        if ev == Ev.START:
-            ix.starts.setdefault(gen, {})[rank] = e
-        elif ev == Ev.RESUMED:
-            ix.resumed.setdefault(gen, {}).setdefault(rank, e)
-        elif ev == Ev.BEGIN:
-            ix.begins.setdefault((gen, int(e["step"])), set()).add(rank)
-        elif ev == Ev.END:
-            ix.ends.setdefault((gen, int(e["step"])), set()).add(rank)
-            ix.end_times.setdefault((gen, int(e["step"])), {})[rank] = float(e.get("t", 0.0))
-        elif ev == Ev.RECORD:
-            ix.records.setdefault((gen, int(e["step"])), []).append(e)
+        begun, ended = ix.begun.setdefault(gen, set()), ix.ended.setdefault(gen, set())
+        end_times, records = ix.end_times, ix.records
+        for pos, (code, step) in enumerate(zip(s.kind, s.step)):
+            if code == OTHER:
+                e = s.other[pos]
+                ev = e["ev"]
+                if ev not in _STEP_KINDS:
+                    ix.kept.setdefault(ev, []).append((s.index[pos], e))
+                if ev == Ev.START:
+                    ix.starts.setdefault(gen, {})[rank] = e
+                elif ev == Ev.RESUMED:
+                    ix.resumed.setdefault(gen, {}).setdefault(rank, e)
+                elif ev in _STEP_KINDS:
+                    code, step = _STEP_KINDS[ev], int(e["step"])
+            if code == BEGIN:
+                begun.add(step)
+            elif code == END:
+                ended.add(step)
+                end_times.setdefault((gen, step), {})[rank] = _t(s.event(pos)) \
+                    if pos in s.other else s.t[pos]
+            elif code == RECORD:
+                records.setdefault((gen, step), []).append((s, pos))
 
     # -- supervisor view --------------------------------------------------------------------
     def _scenario(self) -> ScenarioRecord | None:
@@ -138,7 +174,7 @@ class History(MembershipQueries):
                 first = min(resumed.values(), key=lambda e: int(e["step"]))
                 resume, declared, source = int(first["step"]), True, first.get("source")
             else:
-                begun = [s for (g, s) in ix.begins if g == gen]
+                begun = ix.begun.get(gen)
                 resume, declared, source = (min(begun) if begun else None), False, None
             fault_id = end.get("fault_id")
             gens[gen] = Generation(
@@ -288,10 +324,41 @@ class History(MembershipQueries):
                f"{fault.get('phase')}{extra}"
 
     # -- rank view --------------------------------------------------------------------------
+    @property
+    def _ranked(self) -> list[tuple[int, Event]]:
+        """(position, event) of every rank event, in history order (built on first use)."""
+        if self._ranked_cache is None:
+            self._ranked_cache = self._from_streams(self._streams.values())
+        return self._ranked_cache
+
+    def _from_streams(self, streams: Iterable[RankStream], ev: str | None = None
+                      ) -> list[tuple[int, Event]]:
+        """(position, event) of the events of ``streams`` (of kind ``ev``), in history order."""
+        code = _STEP_KINDS.get(ev) if ev is not None else None
+        out = [(s.index[p], s.event(p)) for s in streams for p in range(len(s))
+               if ev is None or s.kind[p] == code or (s.kind[p] == OTHER and s.other[p]["ev"] == ev)]
+        out.sort(key=lambda ie: ie[0])
+        return out
+
+    def _kept_kind(self, *kinds: str) -> list[tuple[int, Event]]:
+        """(position, event) of the rank events of ``kinds`` (none of the per-step kinds), in
+        history order."""
+        if len(kinds) == 1:
+            return self._ix.kept.get(kinds[0], [])
+        out = [ie for k in kinds for ie in self._ix.kept.get(k, ())]
+        out.sort(key=lambda ie: ie[0])
+        return out
+
     def rank_events(self, ev: str | None = None, *, gen: int | None = None,
                     rank: int | None = None) -> list[Event]:
-        return [e for _, e in self._ranked if (ev is None or e["ev"] == ev)
-                and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
+        if ev is not None and ev not in _STEP_KINDS:
+            return [e for _, e in self._kept_kind(ev) if (gen is None or e["gen"] == gen)
+                    and (rank is None or e["rank"] == rank)]
+        if gen is None and rank is None and ev is None:
+            return [e for _, e in self._ranked]
+        streams = [s for (g, r), s in self._streams.items()
+                   if (gen is None or g == gen) and (rank is None or r == rank)]
+        return [e for _, e in self._from_streams(streams, ev)]
 
     def file_events(self, *, gen: int | None = None) -> list[FileEvent]:
         """The ranks' file events (``filewatch``), every rank's in the order they happened."""
@@ -300,7 +367,9 @@ class History(MembershipQueries):
     def file_trail(self, *, gen: int | None = None) -> list[FileEvent | Saved]:
         """The file events and the completed-save records (of ``gen``), in history order: what
         the file checks read."""
-        return [r for r in file_trail(self.rank_events(gen=gen)) if not isinstance(r, Begun)]
+        return [r for r in file_trail(e for _, e in self._kept_kind(Ev.FILE, Ev.CKPT_SAVE)
+                                      if gen is None or e["gen"] == gen)
+                if not isinstance(r, Begun)]
 
     def timeline(self, *, gen: int | None = None, rank: int | None = None) -> list[RankRecord]:
         """The ranks' events (of ``gen``, of ``rank``) as records, in history order; the kinds
@@ -312,19 +381,21 @@ class History(MembershipQueries):
                 out.append(r)
         return out
 
+    def _decoded(self, ev: Ev, gen: int | None, rank: int | None) -> list[Any]:
+        return [decode(e) for e in self.rank_events(ev, gen=gen, rank=rank)]
+
     def signals(self, *, gen: int | None = None, rank: int | None = None) -> list[Signal]:
-        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, Signal)]
+        return self._decoded(Ev.SIGNAL, gen, rank)
 
     def exits(self, *, gen: int | None = None, rank: int | None = None) -> list[Exit]:
-        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, Exit)]
+        return self._decoded(Ev.EXIT, gen, rank)
 
     def errors(self, *, gen: int | None = None, rank: int | None = None) -> list[StepError]:
-        return [r for r in self.timeline(gen=gen, rank=rank) if isinstance(r, StepError)]
+        return self._decoded(Ev.ERROR, gen, rank)
 
     def notes(self, what: str | None = None, *, gen: int | None = None) -> list[Note]:
         """The ranks' notes (named ``what``), in history order."""
-        return [r for r in self.timeline(gen=gen) if isinstance(r, Note)
-                and (what is None or r.what == what)]
+        return [r for r in self._decoded(Ev.NOTE, gen, None) if what is None or r.what == what]
 
     def marked_phases(self) -> set[Any]:
         """Every fault point a rank marked (``s.point(phase)``)."""
@@ -338,16 +409,17 @@ class History(MembershipQueries):
     def began_since_start(self, gen: int, rank: int, index: int) -> bool:
         """``rank`` began a step in ``gen`` after its latest ``start`` before event ``index``
         (a rank's file may hold several incarnations, in membership mode) and before it."""
-        if self._marks is None:
-            self._marks = {}
-            for i, e in self._ranked:
-                if e["ev"] in (Ev.START, Ev.BEGIN):
-                    starts, begins = self._marks.setdefault((int(e["gen"]), int(e["rank"])),
-                                                            ([], []))
-                    (starts if e["ev"] == Ev.START else begins).append(i)
-        starts, begins = self._marks.get((gen, rank), ([], []))
-        since = max((i for i in starts if i < index), default=-1)
-        return any(since < b < index for b in begins)
+        s = self._streams.get((gen, rank))
+        if s is None:
+            return False
+        for p in range(bisect.bisect_left(s.index, index) - 1, -1, -1):  # back from index
+            code = s.kind[p]
+            ev = s.other[p]["ev"] if code == OTHER else None
+            if code == BEGIN or ev == Ev.BEGIN:
+                return True
+            if ev == Ev.START:
+                return False
+        return False
 
     def disk(self, gen: int) -> dict[str, list[Any]] | None:
         """The work folder as generation ``gen`` left it (``{path: [size, crc]}``), when the
@@ -376,14 +448,18 @@ class History(MembershipQueries):
         makes no span."""
         done: list[StepSpan] = []
         open_: dict[tuple[int, int], dict[int, float]] = {}
-        for _, e in self._ranked:
-            if (gen is not None and e["gen"] != gen) or (rank is not None and e["rank"] != rank):
+        for key, s in self._streams.items():    # a rank's spans depend on its events alone
+            if (gen is not None and key[0] != gen) or (rank is not None and key[1] != rank):
                 continue
-            key, step = (int(e["gen"]), int(e["rank"])), e.get("step")
-            if e["ev"] == Ev.BEGIN:
-                open_.setdefault(key, {})[int(e["step"])] = _t(e)  # validated: an int
-            elif e["ev"] == Ev.END and step in open_.get(key, {}):
-                done.append(StepSpan(key[0], key[1], int(step), open_[key].pop(step), _t(e)))
+            for p, (code, step, t) in enumerate(zip(s.kind, s.step, s.t)):
+                if code == OTHER:
+                    e = s.other[p]
+                    code, t = _STEP_KINDS.get(e["ev"], OTHER), _t(e)
+                    step = int(e["step"]) if code != OTHER else 0
+                if code == BEGIN:
+                    open_.setdefault(key, {})[int(step)] = t  # validated: an int
+                elif code == END and step in open_.get(key, {}):
+                    done.append(StepSpan(key[0], key[1], int(step), open_[key].pop(step), t))
         unfinished = [StepSpan(g, r, s, t0, None) for (g, r), steps in open_.items()
                       for s, t0 in steps.items()]
         return sorted(done + unfinished, key=lambda x: (x.gen, x.rank, x.begin_t))
@@ -411,14 +487,16 @@ class History(MembershipQueries):
         return min(declared) if declared else 0
 
     def ended_by(self, gen: int, step: int) -> frozenset[int]:
-        return frozenset(self._ix.ends.get((gen, step), ()))
+        return frozenset(self._ix.end_times.get((gen, step), ()))
 
     def begun(self, gen: int) -> frozenset[int]:
-        return frozenset(s for (g, s) in self._ix.begins if g == gen)
+        return frozenset(self._ix.begun.get(gen, ()))
 
     def ended(self, gen: int | None = None) -> frozenset[int]:
         """Steps at least one rank ended (in ``gen``, or in any generation)."""
-        return frozenset(s for (g, s) in self._ix.ends if gen is None or g == gen)
+        if gen is None:
+            return frozenset().union(*self._ix.ended.values())
+        return frozenset(self._ix.ended.get(gen, ()))
 
     def committed(self, gen: int) -> frozenset[int]:
         """Steps every rank of ``gen``'s world size ended (membership mode: every rank of at
@@ -426,11 +504,16 @@ class History(MembershipQueries):
         if self.replica_groups is not None:
             return frozenset(self._first_commits(gen))
         world = set(range(self.generations[gen].world_size)) if gen in self.generations else set()
-        return frozenset(s for (g, s), ranks in self._ix.ends.items()
-                         if g == gen and world and world <= ranks)
+        return frozenset(s for s in self._ix.ended.get(gen, ())
+                         if world and world <= self._ix.end_times[(gen, s)].keys())
 
     def kept(self) -> list[Occurrence]:
         """Occurrences whose effect persisted into the final state (see the module docstring)."""
+        if self._kept is None:
+            self._kept = self._find_kept()
+        return list(self._kept)
+
+    def _find_kept(self) -> list[Occurrence]:
         gens = sorted(self.generations)
         out: list[Occurrence] = []
         for i, gen in enumerate(gens):
@@ -446,9 +529,10 @@ class History(MembershipQueries):
     def loss(self, gen: int, step: int) -> float | None:
         """The step's loss: rank 0's, else the lowest rank's that recorded one (last record wins)."""
         by_rank: dict[int, float] = {}
-        for e in self._ix.records.get((gen, step), ()):
-            if e.get("loss") is not None:
-                by_rank[int(e["rank"])] = float(e["loss"])
+        for s, p in self._ix.records.get((gen, step), ()):
+            loss = s.value(p, "loss")
+            if loss is not None:
+                by_rank[s.rank] = float(loss)
         return by_rank[min(by_rank)] if by_rank else None
 
     def kept_losses(self) -> dict[int, tuple[Occurrence, float]]:
@@ -469,10 +553,15 @@ class History(MembershipQueries):
                 if a.ended and a.samples and a.participating is not False:
                     out.setdefault(a.rank, []).extend(a.samples)
             return out
-        for e in self._ix.records.get((gen, step), ()):
-            if e.get("samples") is not None:
-                epoch = int(e.get("epoch", 0) or 0)
-                out.setdefault(int(e["rank"]), []).extend((epoch, int(s)) for s in e["samples"])
+        first: dict[int, int] = {}   # rank -> its first record's position: ranks in history order
+        for s, p in self._ix.records.get((gen, step), ()):
+            samples = s.value(p, "samples")
+            if samples is not None:
+                epoch = int(s.value(p, "epoch", 0) or 0)
+                out.setdefault(s.rank, []).extend((epoch, int(x)) for x in samples)
+                first.setdefault(s.rank, s.index[p])
+        if len(out) > 1 and list(first.values()) != sorted(first.values()):
+            out = {r: out[r] for r in sorted(out, key=first.__getitem__)}
         return out
 
     def kept_samples(self) -> dict[Occurrence, frozenset[tuple[int, int]]]:
@@ -487,16 +576,19 @@ class History(MembershipQueries):
     def metric(self, gen: int, step: int, name: str) -> dict[int, float]:
         """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``)."""
         out: dict[int, float] = {}
-        for e in self._ix.records.get((gen, step), ()):
-            if isinstance(e.get(name), (int, float)):
-                out[int(e["rank"])] = out.get(int(e["rank"]), 0.0) + float(e[name])
+        for s, p in self._ix.records.get((gen, step), ()):
+            value = s.value(p, name)
+            if isinstance(value, (int, float)):
+                out[s.rank] = out.get(s.rank, 0.0) + float(value)
         return out
 
     def has_tokens(self) -> bool:
-        return any(e.get("tokens") is not None for recs in self._ix.records.values() for e in recs)
+        return any(s.value(p, "tokens") is not None
+                   for recs in self._ix.records.values() for s, p in recs)
 
     def has_samples(self) -> bool:
-        return any(e.get("samples") is not None for recs in self._ix.records.values() for e in recs)
+        return any(s.value(p, "samples") is not None
+                   for recs in self._ix.records.values() for s, p in recs)
 
     def checkpoints(self, kind: str | None = None, *, gen: int | None = None,
                     rank: int | None = None) -> list[Checkpoint]:
@@ -516,14 +608,14 @@ class History(MembershipQueries):
                            t=float(e.get("t", 0.0)), index=i, seconds=_opt_number(e.get("seconds")),
                            bytes=_opt_number(e.get("bytes")),
                            info={k: v for k, v in e.items() if k not in _CHECKPOINT_FIELDS})
-                for i, e in self._ranked if e["ev"] in kinds and kind in (None, kinds[e["ev"]])
+                for i, e in self._kept_kind(*kinds) if kind in (None, kinds[e["ev"]])
                 and (gen is None or e["gen"] == gen) and (rank is None or e["rank"] == rank)]
 
     def memory(self) -> dict[int, RankMemory]:
         """Per rank: peak memory and headroom to the budget, over every generation."""
         peaks: dict[int, dict[str, Any]] = {}
         budget = self.scenario.memory_budget_bytes if self.scenario else None
-        for e in self.events:
+        for e in self._supervisor:
             if e["ev"] == Ev.RSS:
                 m = peaks.setdefault(int(e["rank"]), {})
                 m["peak"] = max(m.get("peak", 0), int(e["peak_bytes"]))
@@ -549,6 +641,11 @@ class History(MembershipQueries):
     def faults_fired(self) -> list[FaultFired]:
         return [fault_fired(e) for e in self.rank_events(Ev.FAULT)]
 
+
+
+#: The per-step kinds, which a stream keeps as columns where it can, and their codes.
+_STEP_KINDS = {Ev.BEGIN.value: BEGIN, Ev.END.value: END, Ev.POINT.value: POINT,
+               Ev.RECORD.value: RECORD}
 
 
 #: The fields of a checkpoint event that ``Checkpoint`` has its own attribute for.

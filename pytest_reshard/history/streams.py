@@ -1,0 +1,202 @@
+"""Every event of a history, kept compact: a run of a thousand ranks records millions of events,
+and a dict per event (300 bytes and more) would not fit in memory.
+
+A rank's events of one generation are a ``RankStream``: the per-step kinds (``begin``, ``point``,
+``record``, ``end``) as columns (their time and step in arrays, their other fields as recorded),
+any other event as recorded. ``RankStream.event`` gives an event back exactly as it was read
+(the same fields, in the same order, of the same types). ``Recorded`` holds the streams and the
+supervisor's events, each event with its position in history order (by time, stable).
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Any, Iterable, Iterator
+
+from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
+from pytest_reshard.history.records import Event
+
+__all__ = ["RankStream", "Recorded", "OTHER", "BEGIN", "END", "POINT", "RECORD"]
+
+#: A stream's kind codes: ``OTHER`` is an event kept as recorded.
+OTHER, BEGIN, END, POINT, RECORD = range(5)
+_CODES = {Ev.BEGIN.value: BEGIN, Ev.END.value: END, Ev.POINT.value: POINT,
+          Ev.RECORD.value: RECORD}
+_NAMES = {code: name for name, code in _CODES.items()}
+_USUAL = frozenset({"t", "ev", "gen", "rank", "step"})   # the fields the columns hold
+_INT64 = 1 << 63
+
+#: The field orders seen (shared by every stream), and each one's fields beyond the usual ones.
+_SHAPES: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+_SHAPE_IDS: dict[tuple[str, ...], int] = {}
+
+
+def _shape(keys: tuple[str, ...]) -> int:
+    sid = _SHAPE_IDS.get(keys)
+    if sid is None:
+        sid = _SHAPE_IDS[keys] = len(_SHAPES)
+        _SHAPES.append((keys, tuple(k for k in keys if k not in _USUAL)))
+    return sid
+
+
+class RankStream:
+    """One rank's events in one generation, in history order (``index``: each one's position
+    in the history). ``extra`` holds a compact event's fields beyond the usual ones: the one
+    value (a loss, a phase, a list of samples), or a tuple of them."""
+
+    __slots__ = ("gen", "rank", "index", "kind", "shape", "step", "t", "extra", "other")
+
+    def __init__(self, gen: int, rank: int) -> None:
+        self.gen, self.rank = gen, rank
+        self.index = array("q")
+        self.kind = bytearray()
+        self.shape = array("H")
+        self.step = array("q")
+        self.t = array("d")
+        self.extra: list[Any] = []
+        self.other: dict[int, Event] = {}
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def add(self, e: Event) -> None:
+        """Append a validated event of this rank and generation."""
+        code = _CODES.get(e["ev"], OTHER) if type(e["ev"]) is str else OTHER
+        t, step = e.get("t", 0.0), e["step"] if code else 0
+        if code and type(t) is float and type(step) is int and -_INT64 <= step < _INT64 \
+                and type(e["gen"]) is int and type(e["rank"]) is int:
+            sid = _shape(tuple(e))
+            if len(_SHAPES[sid][1]) <= 1:
+                extra = e[_SHAPES[sid][1][0]] if _SHAPES[sid][1] else None
+            else:
+                extra = tuple(e[k] for k in _SHAPES[sid][1])
+        else:
+            code, sid, step, t, extra = OTHER, 0, 0, 0.0, None
+            self.other[len(self.kind)] = e
+        self.kind.append(code)
+        self.shape.append(sid)
+        self.step.append(step)
+        self.t.append(t)
+        self.extra.append(extra)
+
+    def fields(self, pos: int) -> dict[str, Any]:
+        """A compact event's fields beyond the usual ones, by name."""
+        names = _SHAPES[self.shape[pos]][1]
+        x = self.extra[pos]
+        return dict(zip(names, x)) if len(names) > 1 else {names[0]: x} if names else {}
+
+    def value(self, pos: int, name: str, default: Any = None) -> Any:
+        """One field of the event at ``pos`` (``default`` where it has none)."""
+        if self.kind[pos] == OTHER or name in _USUAL:
+            return self.event(pos).get(name, default)
+        names = _SHAPES[self.shape[pos]][1]
+        if name not in names:
+            return default
+        return self.extra[pos] if len(names) == 1 else self.extra[pos][names.index(name)]
+
+    def event(self, pos: int) -> Event:
+        """The event at ``pos`` as recorded."""
+        code = self.kind[pos]
+        if code == OTHER:
+            return self.other[pos]
+        usual = {"t": self.t[pos], "ev": _NAMES[code], "gen": self.gen, "rank": self.rank,
+                 "step": self.step[pos]}
+        more = self.fields(pos)
+        return {k: usual[k] if k in usual else more[k] for k in _SHAPES[self.shape[pos]][0]}
+
+    def events(self) -> Iterator[tuple[int, Event]]:
+        """(position in the history, event) of each of its events, in order."""
+        return ((self.index[p], self.event(p)) for p in range(len(self.kind)))
+
+    def put_in_order(self) -> None:
+        """Reorder it by ``index`` (its lines were not in time order)."""
+        order = sorted(range(len(self.kind)), key=self.index.__getitem__)
+        if order == list(range(len(order))):
+            return
+        for name in ("index", "shape", "step", "t"):
+            column = getattr(self, name)
+            setattr(self, name, array(column.typecode, (column[p] for p in order)))
+        self.kind = bytearray(self.kind[p] for p in order)
+        self.extra = [self.extra[p] for p in order]
+        where = {old: new for new, old in enumerate(order)}
+        self.other = {where[p]: e for p, e in self.other.items()}
+
+
+class Recorded:
+    """A history's events: the supervisor's (as recorded) and each rank's stream, every event
+    with its position in history order. Add them in any order with the time they are ordered
+    by, then ``order``."""
+
+    def __init__(self) -> None:
+        self.supervisor: list[tuple[int, Event]] = []
+        self.streams: dict[tuple[int, int], RankStream] = {}
+        self._keys = array("d")     # each event's key, in the order added
+        self.count = 0              # events in all, once ordered
+        self._runs: list[list[Any]] = []   # [stream (None: the supervisor's), events] in that order
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, e: Event, key: float) -> None:
+        """Append a validated event; ``key``: what history order sorts it by."""
+        if e["ev"] in SUPERVISOR_EVENTS:
+            s = None
+            self.supervisor.append((0, e))
+        else:
+            s = self.stream(int(e["gen"]), int(e["rank"]))
+            s.add(e)
+        if self._runs and self._runs[-1][0] is s:
+            self._runs[-1][1] += 1
+        else:
+            self._runs.append([s, 1])
+        self._keys.append(key)
+
+    def extend(self, events: list[Event], keys: list[float]) -> None:
+        """``add`` each of ``events`` (a file's: most often all of one rank)."""
+        first = events[0] if events else None
+        if first is None or first["ev"] in SUPERVISOR_EVENTS or any(
+                (e["gen"], e["rank"]) != (first["gen"], first["rank"]) for e in events):
+            for e, key in zip(events, keys):
+                self.add(e, key)
+            return
+        s = self.stream(int(first["gen"]), int(first["rank"]))
+        for e in events:
+            s.add(e)
+        self._runs.append([s, len(events)])
+        self._keys.extend(keys)
+
+    def stream(self, gen: int, rank: int) -> RankStream:
+        s = self.streams.get((gen, rank))
+        if s is None:
+            s = self.streams[(gen, rank)] = RankStream(gen, rank)
+        return s
+
+    def order(self, *, by_key: bool) -> None:
+        """Give every event its position in history order: sorted by key (stable), or
+        ``by_key=False`` as added."""
+        n = self.count = len(self._keys)
+        if by_key:
+            position = array("q", bytes(8 * n))
+            for i, j in enumerate(sorted(range(n), key=self._keys.__getitem__)):
+                position[j] = i
+        else:
+            position = array("q", range(n))
+        sup = (e for _, e in self.supervisor)
+        self.supervisor = []
+        j = 0
+        for s, count in self._runs:
+            if s is None:
+                self.supervisor += [(position[j + k], next(sup)) for k in range(count)]
+            else:
+                s.index.extend(position[j:j + count])
+            j += count
+        self.supervisor.sort(key=lambda ie: ie[0])
+        for s in self.streams.values():
+            s.put_in_order()
+        self._keys = array("d")
+        self._runs = []
+
+    def ranked(self) -> Iterable[tuple[int, Event]]:
+        """Every rank event with its position, in history order."""
+        out = [ie for s in self.streams.values() for ie in s.events()]
+        out.sort(key=lambda ie: ie[0])
+        return out
