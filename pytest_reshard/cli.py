@@ -6,6 +6,7 @@
     pytest-reshard replay reshard-artifacts/<test>/scenario.json
     pytest-reshard sweep train.py --world-size 2 --steps 8   # a crash at every file event of a save
     pytest-reshard gate --old venv:torch==2.13.0 --new venv:torch==2.14.1   # upgrade gate
+    pytest-reshard judge DIR [--reference DIR]   # judge a production job recorded with RESHARD_RECORD=DIR
 """
 from __future__ import annotations
 
@@ -93,11 +94,64 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
     return run_suite(str(test), args.artifacts, extra)
 
 
+JUDGE_EXIT = """exit status: 0 no check failed (some may be unknown: read them), 1 a check failed,
+2 the folder holds no recording it can read, 3 with --strict: no check failed but some are
+unknown"""
+
+
+def judge_main(argv: list[str]) -> int:
+    """``pytest-reshard judge DIR``: the checkers on a job recorded in record mode."""
+    from pytest_reshard.history import HistoryError
+    from pytest_reshard.reports.table import verdict_table
+    from pytest_reshard.session.judge import judge, summary
+
+    parser = argparse.ArgumentParser(
+        prog="pytest-reshard judge", epilog=JUDGE_EXIT,
+        description="Judge a job recorded with RESHARD_RECORD=DIR (or probe.attach(record=DIR)) "
+                    "under any launcher: print the verdict table, write verdict.json and "
+                    "report.html.")
+    parser.add_argument("folder", help="the folder the job recorded into")
+    parser.add_argument("--reference", default=None,
+                        help="a recording of the same job run without failures: the clean run "
+                             "loss_continuity and exactly_once_samples compare with")
+    parser.add_argument("--out", default=None,
+                        help="where verdict.json and report.html go (default: the folder)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the verdicts as JSON instead of the table")
+    parser.add_argument("--html", action="store_true",
+                        help="print only the path of report.html (for a script that opens it)")
+    parser.add_argument("--no-html", action="store_true", help="do not write report.html")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit 3 when no check failed but some are unknown")
+    args = parser.parse_args(argv)
+    try:
+        result = judge(args.folder, reference=args.reference, out=args.out,
+                       html=not args.no_html)
+    except HistoryError as e:
+        print(f"pytest-reshard judge: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary(result), indent=2, default=str))
+    elif args.html:
+        print(result.report or "")
+    else:
+        for g in result.history.generations.values():
+            print(f"generation {g.gen}: {g.world_size} ranks, resumed at step {g.resume_step}, "
+                  f"ended by {g.cause}{' (planned)' if g.planned else ''}: {g.detail}")
+        print("\n".join(verdict_table([result])))
+        print(f"verdicts: {RunDir(result.run_dir).verdict}")
+        if result.report is not None and result.verdict.status == "pass":
+            print(f"report: {result.report}")   # the table names it when something did not pass
+    status = result.verdict.status
+    return 1 if status == "fail" else 3 if args.strict and status == "unknown" else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pytest-reshard", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", help=f"a suite ({', '.join(suites())}), 'replay', 'sweep', "
-                        "or 'gate' (see pytest-reshard gate --help)")
+                        "'gate' (see pytest-reshard gate --help) or 'judge' (pytest-reshard judge "
+                        "--help)")
     parser.add_argument("target", nargs="?", help="for replay: a scenario.json or its folder; "
                         "for sweep: the training script")
     parser.add_argument("--artifacts", default="reshard-artifacts", help="artifacts folder")
@@ -118,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         from pytest_reshard.gate.stacks import main as gate_main
 
         return gate_main(argv[1:])
+    if argv[:1] == ["judge"]:  # its own options: pytest-reshard judge --help
+        return judge_main(argv[1:])
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")

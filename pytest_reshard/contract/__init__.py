@@ -35,7 +35,7 @@ from typing import Any, Mapping
 __all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass",
            "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
            "RunDir", "ADVICE", "GUARD", "FLIPPED", "STACK_SIGNAL", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
-           "RANK_FILE", "HUB_PROTOCOL",
+           "RANK_FILE", "RECORD_FILE", "record_file", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
            "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
 
@@ -57,6 +57,8 @@ class Env:
     NODE = "RESHARD_NODE"                  # the node (agent) a rank runs under, when agents start the ranks
     SCHEDULER = "RESHARD_SCHEDULER"        # "slurm": the scheduler delivers preemptions, not the rank itself
     JOIN = "RESHARD_JOIN"                  # a rank started to join a live reshard: the generation it changes
+    RECORD = "RESHARD_RECORD"              # record mode: a folder the probe records into, outside the harness
+    RECORD_DIGESTS = "RESHARD_RECORD_DIGESTS"  # "1": record mode digests checkpoint state= too (off: cheap)
     PREFIX = "RESHARD_"                    # none of ours leaks from the harness's own environment
 
 
@@ -330,6 +332,15 @@ def hub_hello(sock: socket.socket, hello: Mapping[str, Any], secret: str,
     return buf
 
 RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
+#: A file record mode writes (``Env.RECORD``): one per process (a rank's incarnation), named by
+#: its rank, host, pid and start time in milliseconds, so that no two processes share one.
+RECORD_FILE = re.compile(r"rec-r(\d+)-(.+)-(\d+)-(\d+)\.jsonl")
+
+
+def record_file(rank: int, host: str, pid: int, t: float) -> str:
+    """The name of the file a process records into in record mode (``RECORD_FILE``)."""
+    host = re.sub(r"[^A-Za-z0-9_.]+", "_", host) or "host"
+    return f"rec-r{int(rank)}-{host}-{int(pid)}-{int(t * 1000)}.jsonl"
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,10 @@ Why it is built this way:
 - A heartbeat thread touches a file every 0.1 s. A stopped (SIGSTOP) or dead rank stops beating;
   the thread also ends the rank if the supervisor that started it is gone, so no rank outlives
   its test.
+- Record mode (``RESHARD_RECORD=DIR`` or ``attach(record=DIR)``, outside the harness) writes the
+  same events on a production job, one file per process in ``DIR``, and does nothing else: no
+  plan, no faults, no heartbeat, no supervisor to watch, no signal handler of its own.
+  ``pytest-reshard judge DIR`` judges them.
 - On another machine (``RESHARD_HUB`` set: the ``slurm`` launcher) the same lines and a blank
   line per heartbeat go over one TCP connection to the harness, and the plan comes back over it:
   nothing depends on a shared folder's file times or on the harness seeing this machine's
@@ -46,6 +50,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -56,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from pytest_reshard import procfs
 from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, STACK_SIGNAL, Env, Ev, RunDir,
                                      encode_event, hub_hello, hub_line, hub_secret, name_of,
-                                     read_jsonl, seal)
+                                     read_jsonl, record_file, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -216,15 +221,23 @@ class Step:
 
 
 class Run:
-    """Handle returned by ``attach``. Inactive (every call a no-op) outside the harness."""
+    """Handle returned by ``attach``. Inactive (every call a no-op) outside the harness, unless
+    it records (record mode)."""
 
     def __init__(self, env: Mapping[str, str] | None = None, *, max_rewind_steps: int | None = None,
-                 role: str | None = None) -> None:
+                 role: str | None = None, record: str | os.PathLike[str] | None = None,
+                 digests: bool | None = None) -> None:
         env = os.environ if env is None else env
         self.active = Env.DIR in env
         self.rank = int(env.get("RANK", 0))
         self.world_size = int(env.get("WORLD_SIZE", 1))
         self.generation = generation_of(env)
+        self._key = (self.generation, self.rank)   # what attach() compares to reuse this Run
+        #: Record mode (``Env.RECORD`` or ``attach(record=DIR)``, outside the harness): the folder
+        #: this process records into; None under the harness or when nothing is recorded.
+        self.recording: Path | None = None
+        self._digests = True   # checkpoint_*(state=...) digests the state (off in record mode)
+        self._heartbeat: Path | None = None
         self.workdir: Path | None = None
         self.seed = 0
         self.role = role or "trainer"
@@ -252,6 +265,9 @@ class Run:
         #: The live reshard this process was started to join (``Env.JOIN``), else None.
         self.joining: LiveChange | None = None
         if not self.active:
+            folder = record if record is not None else env.get(Env.RECORD)
+            if folder:
+                self._record(Path(folder), env, max_rewind_steps, digests)
             return
         run_dir = self._dir = RunDir(Path(env[Env.DIR]))
         self.workdir = run_dir.work
@@ -297,6 +313,35 @@ class Run:
         if plan.get("keep_replaced"):
             self.watch_files().keep_replaced(run_dir.replaced(self.generation))
 
+    def _record(self, folder: Path, env: Mapping[str, str], max_rewind_steps: int | None,
+                digests: bool | None) -> None:
+        """Record mode: the same events into ``folder``, one file for this process, and nothing
+        else. No plan, no faults, no heartbeat, no supervisor to outlive, no signal handler:
+        the job behaves as without the probe. A folder that cannot be written turns recording
+        off (said once on stderr) rather than failing the job."""
+        launcher, restart = _restart_count(env)
+        host = socket.gethostname()
+        t0 = time.time()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(folder / record_file(self.rank, host, os.getpid(), t0),
+                               os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as e:
+            print(f"pytest-reshard: not recording into {folder}: {e}", file=sys.stderr, flush=True)
+            return
+        self.active = True
+        self.recording = folder
+        self.generation = restart or 0
+        self._digests = bool(digests) if digests is not None else \
+            env.get(Env.RECORD_DIGESTS) == "1"
+        self._write = self._append
+        job = env.get("TORCHELASTIC_RUN_ID") if launcher == "torchrun" else env.get("SLURM_JOB_ID")
+        steps = env.get(Env.STEPS)
+        self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
+                  max_rewind_steps=max_rewind_steps, record=True, host=host, launcher=launcher,
+                  restart=restart, job=job, local_rank=_int_or_none(env.get("LOCAL_RANK")),
+                  steps=_int_or_none(steps), script=os.path.basename(sys.argv[0] or ""))
+
     def _take_device(self, entry: Mapping[str, Any]) -> None:
         """This rank's device class in a heterogeneous world: join the cgroup that caps its CPU
         time, or, without one, stretch each step by the class's slowness."""
@@ -322,6 +367,8 @@ class Run:
             lost = e.errno or errno.EIO
         if not self.lost:   # said at once: the rank may end before its next beat
             self.lost = lost
+            if self._heartbeat is None:   # record mode: nobody reads a heartbeat
+                return
             with contextlib.suppress(OSError):
                 os.utime(self._heartbeat, (lost, time.time()))
 
@@ -466,7 +513,8 @@ class Run:
         if not self.active:
             return
         digests = dict(state_digest or {})
-        for name, obj in (state or {}).items():  # a module or optimizer: its state, not its repr
+        # a module or optimizer: its state, not its repr (record mode: only when asked)
+        for name, obj in (state or {}).items() if self._digests else ():
             if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
                 obj = obj.state_dict()
             digests[str(name)] = digest(obj)
@@ -495,7 +543,7 @@ class Run:
         Waits until the notice's deadline at most. Raises RuntimeError with the harness's
         reason when it cannot (a launcher that does not keep processes across generations).
         None outside the harness, which has no reshard to do."""
-        if not self.active:
+        if not self.active or self.recording is not None:
             return None
         if self._hub is not None:
             raise RuntimeError("a live reshard needs the ranks on this machine (launcher fork or "
@@ -844,6 +892,25 @@ def generation_of(env: Mapping[str, str]) -> int:
     return gen
 
 
+def _restart_count(env: Mapping[str, str]) -> tuple[str | None, int | None]:
+    """The launcher that restarts this job's processes and how often it has (record mode):
+    torchrun's agent (``TORCHELASTIC_RESTART_COUNT``), else SLURM's requeue
+    (``SLURM_RESTART_COUNT``); ``(None, None)`` when neither says."""
+    for launcher, name, present in (("torchrun", "TORCHELASTIC_RESTART_COUNT",
+                                     "TORCHELASTIC_RUN_ID"),
+                                    ("slurm", "SLURM_RESTART_COUNT", "SLURM_JOB_ID")):
+        if name in env or present in env:
+            return launcher, _int_or_none(env.get(name, "0"))
+    return None, None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
 def _read_plan(path: Path, *, elastic: bool) -> dict[str, Any]:
     """The generation's plan. An elastic restart can start its ranks before the supervisor has
     seen the previous generation end and written this plan: wait for it (bounded)."""
@@ -857,15 +924,22 @@ def _read_plan(path: Path, *, elastic: bool) -> dict[str, Any]:
             time.sleep(0.01)
 
 
-def attach(*, max_rewind_steps: int | None = None, role: str | None = None) -> Run:
+def attach(*, max_rewind_steps: int | None = None, role: str | None = None,
+           record: str | os.PathLike[str] | None = None, digests: bool | None = None) -> Run:
     """Connect to the harness (from the environment the launcher set); a no-op Run outside it.
 
     ``max_rewind_steps``: how many committed steps an *unplanned* failure may cost this workload
     (0 for in-memory redundancy, the checkpoint interval otherwise). Planned reshards and
     preemptions must always cost zero.
+
+    ``record``: outside the harness, record this process's events into that folder (record
+    mode, as ``RESHARD_RECORD=DIR`` does) for ``pytest-reshard judge DIR``; nothing else of the
+    harness happens (no plan, no faults, no heartbeat, no signal handler). ``digests``: in
+    record mode, digest the ``state=`` given to ``checkpoint_saved``/``checkpoint_loaded``
+    (default off: a digest is a pass over the state; ``RESHARD_RECORD_DIGESTS=1`` turns it on).
     """
     global _RUN
-    if _RUN is None or _RUN.generation != generation_of(os.environ) or \
-            _RUN.rank != int(os.environ.get("RANK", 0)):
-        _RUN = Run(max_rewind_steps=max_rewind_steps, role=role)
+    if _RUN is None or _RUN._key != (generation_of(os.environ), int(os.environ.get("RANK", 0))) \
+            or (record is not None and not _RUN.active):   # an adapter attached first, unrecorded
+        _RUN = Run(max_rewind_steps=max_rewind_steps, role=role, record=record, digests=digests)
     return _RUN

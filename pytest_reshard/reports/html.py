@@ -84,7 +84,9 @@ def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
     faults = "".join(
         f"<li>{escape(f.label)}: {'fired on rank ' + ', '.join(map(str, f.ranks)) if f.fired else '<b>never fired</b>'}"
         f"{f' at {f.t:.3f} s (generation {f.gen})' if f.fired and f.t is not None else ''}</li>"
-        for f in data.faults) or "<li>none (a clean run)</li>"
+        for f in data.faults) or ("<li>none: a recorded job (record mode); its generations below "
+                                  "say how each ended</li>" if _recorded(result) else
+                                  "<li>none (a clean run)</li>")
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in data.notes)
     device_rows = _devices(result.history)
     legend_loss = charts.legend([("#555", "reference run (dashed)"),
@@ -115,7 +117,7 @@ def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
 <dt>workload</dt><dd>{escape(str(sc.workload))} {escape(" ".join(sc.args))}</dd>
 <dt>world size, steps</dt><dd>{sc.world_size}, {sc.steps}</dd>
 <dt>faults</dt><dd>{escape(faults_text)}</dd>
-<dt>seed, schedule</dt><dd>{sc.schedule.seed}, {escape(sc.schedule.hash)}</dd>
+{'' if _recorded(result) else f"<dt>seed, schedule</dt><dd>{sc.schedule.seed}, {escape(sc.schedule.hash)}</dd>"}
 <dt>launcher, backend</dt><dd>{escape(sc.launcher)}, {escape(sc.backend)}</dd>
 <dt>wall time</dt><dd>{result.wall_s:.1f} s</dd>
 <dt>files</dt><dd>{links}</dd>
@@ -195,6 +197,11 @@ def _devices(history: History) -> str:
                         f"<td>{speed:g}</td><td>{share}</td><td>{step}</td>"
                         f"<td>{escape(d.mode)}</td></tr>")
     return "".join(rows)
+
+
+def _recorded(result: Any) -> bool:
+    """A production job's recording judged by ``pytest-reshard judge`` (no harness ran it)."""
+    return any(e.get("recorded") for e in result.history.supervisor_events("gen_start"))
 
 
 def _span(a: int | None, b: int | None) -> str:

@@ -1,0 +1,271 @@
+"""A production job's record-mode files as a ``History`` (``pytest-reshard judge DIR``).
+
+Record mode (``Env.RECORD``, ``probe.attach(record=DIR)``) writes each process's events into its
+own file, ``rec-r{rank}-{host}-{pid}-{ms}.jsonl`` (``contract.RECORD_FILE``), under whatever
+launcher runs the job. There is no supervisor: no ``scenario.json``, no plan, no
+``supervisor.jsonl``. This module derives what the checkers read from the supervisor's events,
+and nothing else:
+
+- **Generations** from the start events (``generations_of``): one per launch of the job's
+  processes. Where every start of a job carries the launcher's restart count (torchrun's
+  ``TORCHELASTIC_RESTART_COUNT``, SLURM's ``SLURM_RESTART_COUNT``) that count orders them; else
+  the order of the incarnations does: a rank that starts again begins the next generation. Jobs
+  (torchrun's run id, SLURM's job id) follow each other in the order they started, so a job
+  resubmitted from its checkpoint is the next generation.
+- **How each generation ended** (``gen_end``): every rank of its world closed (``run.close()``):
+  a planned end (a preemption when each saw a SIGTERM land, a drain when one asked for it, else
+  complete); otherwise an unplanned failure naming the ranks that never closed and their last
+  step. Nothing is guessed about why a process vanished: the probe cannot see its exit code.
+- **The target step** (``scenario``): the step count the job declared (``RESHARD_STEPS`` in its
+  environment), else, when the last generation closed on every rank, the last step it
+  committed. Otherwise there is no scenario record, and liveness says it cannot tell.
+
+Two processes recorded as the same rank of one generation cannot both be it: the second file's
+start is reported as damaged, and nothing is judged.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_reshard.contract import (RECORD_FILE, SUPERVISOR_EVENTS, Cause, Damaged, Ev, Torn,
+                                     read_jsonl)
+from pytest_reshard.history.loading import HistoryError, validate
+from pytest_reshard.history.queries import History
+from pytest_reshard.history.records import Event
+
+__all__ = ["Incarnation", "recorded_files", "incarnation_of", "generations_of", "supervisor_events",
+           "load_recorded", "is_recorded"]
+
+#: The launcher named in a generation whose processes said none.
+UNKNOWN_LAUNCHER = "recorded"
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One process of a recorded job: its file and what its ``start`` event says."""
+
+    path: Path
+    rank: int
+    t: float                  # when it attached
+    host: str = ""
+    pid: int | None = None
+    launcher: str | None = None
+    restart: int | None = None   # the launcher's restart count, None when it gave none
+    job: str | None = None       # torchrun's run id or SLURM's job id
+    world_size: int = 1
+    role: str = "trainer"
+    steps: int | None = None     # the step count the job declared (RESHARD_STEPS)
+    script: str = ""             # the script's file name (sys.argv[0])
+
+    def describe(self) -> str:
+        """``rank 1 (pid 4242 on node7)``."""
+        where = f"pid {self.pid}" if self.pid is not None else "pid ?"
+        return f"rank {self.rank} ({where}{f' on {self.host}' if self.host else ''})"
+
+
+def recorded_files(folder: Path) -> list[Path]:
+    """The record-mode files under ``folder`` (its subfolders too: files gathered from each
+    node's local disk into one folder per node), in name order."""
+    return sorted((p for p in Path(folder).rglob("rec-r*.jsonl") if RECORD_FILE.fullmatch(p.name)),
+                  key=lambda p: (p.name, str(p)))
+
+
+def is_recorded(folder: Path) -> bool:
+    """Whether ``folder`` holds a record-mode recording (and no harness run folder)."""
+    return bool(recorded_files(folder))
+
+
+def incarnation_of(path: Path, start: Event) -> Incarnation:
+    """The incarnation a file's ``start`` event describes."""
+    def opt_int(v: Any) -> int | None:
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    return Incarnation(
+        path=path, rank=int(start["rank"]), t=float(start.get("t", 0.0)),
+        host=str(start.get("host") or ""), pid=opt_int(start.get("pid")),
+        launcher=str(start["launcher"]) if start.get("launcher") else None,
+        restart=opt_int(start.get("restart")),
+        job=str(start["job"]) if start.get("job") not in (None, "") else None,
+        world_size=int(start.get("world_size") or 1), role=str(start.get("role") or "trainer"),
+        steps=opt_int(start.get("steps")), script=str(start.get("script") or ""))
+
+
+def generations_of(incarnations: Sequence[Incarnation]) -> list[int]:
+    """The generation of each incarnation (same order), numbered from 0.
+
+    Jobs in the order they started; within a job, by the launcher's restart count when every
+    incarnation of the job carries one, else by order: incarnations sorted by start time, a
+    rank seen again in the current generation begins the next one."""
+    first_t: dict[str | None, float] = {}
+    for inc in incarnations:
+        first_t[inc.job] = min(first_t.get(inc.job, inc.t), inc.t)
+    keys: list[tuple[int, int]] = [(0, 0)] * len(incarnations)
+    for j, job in enumerate(sorted(first_t, key=lambda k: (first_t[k], str(k)))):
+        members = [i for i, inc in enumerate(incarnations) if inc.job == job]
+        if all(incarnations[i].restart is not None for i in members):
+            for i in members:
+                keys[i] = (j, int(incarnations[i].restart or 0))
+            continue
+        gen, ranks = 0, set[int]()
+        for i in sorted(members, key=lambda i: (incarnations[i].t, incarnations[i].rank)):
+            if incarnations[i].rank in ranks:
+                gen, ranks = gen + 1, set()
+            ranks.add(incarnations[i].rank)
+            keys[i] = (j, gen)
+    number = {k: n for n, k in enumerate(sorted(set(keys)))}
+    return [number[k] for k in keys]
+
+
+def supervisor_events(by_gen: dict[int, list[Event]],
+                      starts: dict[int, dict[int, Incarnation]]) -> list[Event]:
+    """The supervisor's events a recorded history lacks, derived from its ranks' events
+    (``by_gen``: each generation's rank events; ``starts``: its incarnations by rank): a
+    ``gen_start`` and a ``gen_end`` per generation, and a ``scenario`` when the target step
+    can be told (module docstring)."""
+    out: list[Event] = []
+    final = max(by_gen, default=None)
+    target: int | None = None
+    for gen in sorted(by_gen):
+        events, incs = by_gen[gen], starts.get(gen, {})
+        world = max([inc.world_size for inc in incs.values()] + [max(incs, default=-1) + 1])
+        launchers = {inc.launcher for inc in incs.values() if inc.launcher}
+        launcher = launchers.pop() if len(launchers) == 1 else UNKNOWN_LAUNCHER
+        roles = [incs[r].role if r in incs else "trainer" for r in range(world)]
+        t0 = min((float(e["t"]) for e in events), default=0.0)
+        t1 = max((float(e["t"]) for e in events), default=t0)
+        # just before its first event and just after its last: the history's order is by time
+        out.append({"ev": Ev.GEN_START.value, "t": t0 - 1e-6, "gen": gen, "world_size": world,
+                    "roles": roles, "launcher": launcher, "recorded": True})
+        cause, planned, detail = _ending(events, incs, world)
+        out.append({"ev": Ev.GEN_END.value, "t": t1 + 1e-6, "gen": gen, "cause": cause.value,
+                    "planned": planned, "fault_id": None, "detail": detail, "recorded": True})
+        if gen == final:
+            declared = [inc.steps for inc in incs.values() if inc.steps is not None]
+            if declared:
+                target = max(declared)
+            elif cause is Cause.COMPLETE:
+                committed = _committed(events, world)
+                target = max(committed) + 1 if committed else None
+            if target is not None:
+                out.insert(0, {"ev": Ev.SCENARIO.value, "t": min(float(e["t"]) for e in out) - 1e-6,
+                               "workload": _script(starts), "steps": target,
+                               "world_size": max(i.world_size for gs in starts.values()
+                                                 for i in gs.values()),
+                               "seed": 0, "schedule": {"seed": 0, "faults": []},
+                               "schedule_hash": None, "replay": None, "launcher": launcher,
+                               "recorded": True})
+    return out
+
+
+def _script(starts: dict[int, dict[int, Incarnation]]) -> str:
+    """The job's script as its processes named it (``recorded job`` when they did not)."""
+    names = sorted({i.script for gs in starts.values() for i in gs.values() if i.script})
+    return ", ".join(names) or "recorded job"
+
+
+def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
+            world: int) -> tuple[Cause, bool, str]:
+    """How a generation ended, from its ranks' own events: (cause, planned, detail)."""
+    closed = {int(e["rank"]) for e in events
+              if e["ev"] == Ev.EXIT and e.get("code") == 0 and not e.get("moved_to")}
+    sigterm = {int(e["rank"]) for e in events
+               if e["ev"] == Ev.SIGNAL and e.get("signal") == "SIGTERM" and not e.get("armed")}
+    asked = any(e["ev"] == Ev.REQUEST for e in events)
+    missing = [r for r in range(world) if r not in closed]
+    if not missing:
+        if sigterm >= set(range(world)):
+            return Cause.PREEMPT, True, "every rank saw SIGTERM, saved and closed"
+        if asked:
+            return Cause.DRAIN, True, "the job asked to drain; every rank closed"
+        return Cause.COMPLETE, True, "every rank closed (run.close())"
+    last: dict[int, tuple[int, str, str]] = {}
+    for e in events:
+        if "step" in e and e["ev"] in (Ev.BEGIN, Ev.POINT, Ev.END, Ev.ERROR):
+            error = f": {str(e.get('error') or '')[:160]}" if e["ev"] == Ev.ERROR else ""
+            last[int(e["rank"])] = (int(e["step"]), str(e.get("phase") or e["ev"]), error)
+    said = []
+    for r in missing:
+        who = incs[r].describe() if r in incs else f"rank {r} (never attached)"
+        where = ("" if r not in incs else ", before its first step" if r not in last else
+                 f", {'failed' if last[r][2] else 'last seen'} at step {last[r][0]} "
+                 f"({last[r][1]}){last[r][2]}")
+        term = ", after a SIGTERM landed" if r in sigterm else ""
+        said.append(f"{who}{where}{term}")
+    return (Cause.FAILURE, False,
+            f"recorded no clean exit (run.close()): {'; '.join(said)}; the probe cannot see "
+            "how a process ended (see the job's own logs)")
+
+
+def _committed(events: Iterable[Event], world: int) -> set[int]:
+    ended: dict[int, set[int]] = {}
+    for e in events:
+        if e["ev"] == Ev.END:
+            ended.setdefault(int(e["step"]), set()).add(int(e["rank"]))
+    return {s for s, ranks in ended.items() if ranks >= set(range(world))}
+
+
+def load_recorded(folder: str | Path) -> History:
+    """The history of a record-mode folder (module docstring). Raises ``HistoryError`` when it
+    holds no record-mode file."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise HistoryError(f"{root}: no such folder; pass the folder RESHARD_RECORD named")
+    files = recorded_files(root)
+    if not files:
+        raise HistoryError(f"{root}: no record-mode files (rec-r*.jsonl); did the job run with "
+                           "RESHARD_RECORD set to this folder, or probe.attach(record=...)?")
+    torn: list[Torn] = []
+    damaged: list[Damaged] = []
+    incarnations: list[Incarnation] = []
+    bodies: list[list[dict[str, Any]]] = []
+    for path in files:
+        numbered, file_torn, file_damaged = read_jsonl(path)
+        torn += file_torn
+        damaged += file_damaged
+        rank = int(_match(path).group(1))
+        good: list[dict[str, Any]] = []
+        for lineno, e in numbered:
+            try:
+                validate(e)
+                if e["ev"] in SUPERVISOR_EVENTS:
+                    raise HistoryError(f"supervisor event {e['ev']!r} in a rank's file")
+                if e["rank"] != rank:
+                    raise HistoryError(f"event of rank {e['rank']} in the file of rank {rank}")
+                if not good and e["ev"] != Ev.START:
+                    raise HistoryError("the file's first event is not its start (probe.attach())")
+            except HistoryError as err:
+                damaged.append(Damaged(str(path), lineno, str(err)))
+                continue
+            good.append(dict(e))
+        if not good:
+            continue
+        incarnations.append(incarnation_of(path, good[0]))
+        bodies.append(good)
+    gens = generations_of(incarnations)
+    starts: dict[int, dict[int, Incarnation]] = {}
+    by_gen: dict[int, list[Event]] = {}
+    for inc, gen, body in zip(incarnations, gens, bodies):
+        other = starts.setdefault(gen, {}).get(inc.rank)
+        if other is not None:
+            damaged.append(Damaged(str(inc.path), 1, f"a second process recorded as rank "
+                                   f"{inc.rank} of generation {gen} ({other.path.name} is the "
+                                   "other): two jobs or runs recorded into one folder?"))
+            continue
+        starts[gen][inc.rank] = inc
+        for raw in body:
+            raw["gen"] = gen
+        by_gen.setdefault(gen, []).extend(body)
+    events: list[Event] = [e for gen in sorted(by_gen) for e in by_gen[gen]]
+    events += supervisor_events(by_gen, starts)
+    events.sort(key=lambda e: float(e.get("t", 0.0)))   # stable: each file's order within a time
+    return History(events, torn=torn, damaged=damaged, run_dir=root)
+
+
+
+def _match(path: Path) -> re.Match[str]:
+    m = RECORD_FILE.fullmatch(path.name)
+    assert m is not None, path
+    return m
