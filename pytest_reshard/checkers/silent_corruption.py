@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pytest_reshard.checkers._text import _count
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import FLIPPED, GUARD
@@ -24,9 +23,10 @@ def _differs(mine: Checkpoint, clean: Checkpoint | None) -> list[str]:
 
 def silent_corruption(history: History, clean_saves: Callable[[int], dict[int, Checkpoint]]
                       ) -> Verdict:
-    """After a bit flip (``chaos.bitflip``), no save of the flipped generation that holds state
-    other than the clean run's at that step is recorded before the workload said its own check
-    caught it (``run.detected``), and no generation resumes from such a save. ``clean_saves(gen)``:
+    """After a bit flip (``chaos.bitflip``), no save of the flipped generation holds state other
+    than the clean run's at that step (whether or not the workload said its own check caught it,
+    ``run.detected``: a job that notices and saves anyway has committed the corruption), and no
+    generation resumes from such a save. ``clean_saves(gen)``:
     the clean run's saves by step, at generation ``gen``'s topology (``LookupError``: none).
 
     Silent corruption shows in nothing else the harness sees when the flip is small: the loss
@@ -62,7 +62,16 @@ def silent_corruption(history: History, clean_saves: Callable[[int], dict[int, C
             if not bad:
                 continue
             corrupted.append((c, bad))
-            if noticed is None or c.t < noticed:
+            if noticed is not None and c.t >= noticed:
+                g = min(guards, key=lambda n: n.t)
+                problems.append(
+                    f"the flip of {what} on rank {f.rank} at step {f.step} ({f.phase}, generation "
+                    f"{f.gen}) reached the checkpoint of step {c.step} after rank {g.rank}'s own "
+                    f"check had caught it at step {g.step} ({g.fields.get('kind')}): its "
+                    f"{' and '.join(bad)} differ from the clean run's; the job noticed and saved "
+                    "the corrupted state anyway: a check that catches a flip must stop the job "
+                    "before its next save, so that it resumes from the last good one")
+            else:
                 problems.append(
                     f"the flip of {what} on rank {f.rank} at step {f.step} ({f.phase}, generation "
                     f"{f.gen}) reached the checkpoint of step {c.step} unnoticed: its "
@@ -85,10 +94,6 @@ def silent_corruption(history: History, clean_saves: Callable[[int], dict[int, C
                                                      if len(problems) > 1 else ""),
                               step=f.step, rank=f.rank, generation=f.gen,
                               fault=history.describe_fault(f.id), details=details)
-    if corrupted:
-        return Verdict.passed(CHECK, f"{_count(len(corrupted), 'save')} held corrupted state, each after "
-                                     "the workload's own check had caught the flip, and no "
-                                     "generation resumed from one", details=details)
     guards = history.notes(GUARD)
     if guards:   # named the same in every run: the first generation and step, the lowest rank
         g = min(guards, key=lambda n: (n.gen, n.step if n.step is not None else -1, n.rank))

@@ -47,3 +47,17 @@ def test_a_resume_from_a_corrupted_save_fails_even_after_the_guard_fired():
     assert v.status == "fail" and "reached the checkpoint of step 5 unnoticed" in v.message
     assert "(and 1 more)" in v.message and v.details["problems"][1].startswith(
         "generation 1 resumed from the checkpoint of step 5, which holds the corrupted state")
+
+
+def test_a_job_that_notices_the_flip_and_saves_anyway_fails():
+    """A guard that only warns: run.detected, then training and saving go on. The corrupted
+    save is committed as surely as an unnoticed one."""
+    b = Builder(steps=10)
+    b.gen(run=range(10), fault=FLIP, saves={2: {"model": "m2"}})
+    b.rank(0, 0, Ev.NOTE, what=GUARD, kind="sdc", step=4, detail="replicas differ")
+    b.rank(0, 0, Ev.CKPT_SAVE, step=5, digest={"model": "x5"})
+    v = silent_corruption(b.history(), clean_saves())
+    assert v.status == "fail", v.message
+    assert "reached the checkpoint of step 5 after rank 0's own check had caught it at step 4 " \
+        "(sdc): its model differ from the clean run's; the job noticed and saved the corrupted " \
+        "state anyway" in v.message, v.message
