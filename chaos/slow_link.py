@@ -29,8 +29,9 @@ def slow_link(*, rank: int, at_step: int, phase: str = "backward",
     as usual: a slow link must change no verdict, and the ``throughput`` verdict reports the
     drop against the clean run (fail it with ``min_throughput=``). Does not model a flapping
     link, asymmetric routes, congestion from other jobs, or the slow collectives of a real
-    fabric (NCCL over InfiniBand is not TCP); a delay needs ``sch_netem``, and where the kernel
-    lacks it the fault fails with that reason rather than running without the delay.
+    fabric (NCCL over InfiniBand is not TCP); a delay needs ``sch_netem``: where the kernel
+    lacks it the fault fails at its point rather than running without the delay, and
+    ``liveness`` says it could not be injected, with ``tc``'s reason.
     """
     if rate_mbit is None and loss is None and delay_ms is None:
         raise ScheduleError("slow_link needs rate_mbit=, loss= or delay_ms=")

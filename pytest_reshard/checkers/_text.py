@@ -78,6 +78,18 @@ def _summarise(messages: list[str]) -> str:
 LOG_TAIL_BYTES = 1 << 20
 
 
+def _log_hint(run_dir: str | Path | None, gen: int, rank: int) -> str:
+    """``; read its log, logs/g0-r1.log in the run folder``; under node agents, whose ranks
+    write into their node's log, the node logs instead."""
+    rank_log = RunDir(Path()).log(gen, rank)
+    if run_dir is not None and not (Path(run_dir) / rank_log).exists():
+        nodes = sorted(p.name for p in (Path(run_dir) / rank_log.parent).glob("g*-node*.log"))
+        if nodes:
+            return (f"; its output is in its node's log ({', '.join(f'{rank_log.parent}/{n}' for n in nodes)}"
+                    " in the run folder)")
+    return f"; read its log, {rank_log} in the run folder"
+
+
 def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) -> str:
     """``; its log, RUN/logs/g0-r1.log, ends: <last lines>`` (the relative path when the run
     folder is not known, nothing more when the log is empty or unreadable)."""

@@ -13,7 +13,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_reshard.checkers._text import _log_tail, _ranges, _stack, _summarise
+from pytest_reshard.checkers._text import _log_hint, _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
 from pytest_reshard.contract import GUARD, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
@@ -49,13 +49,28 @@ def _what(d: Detection) -> str:
     return words.get(d.kind, f"{who} {d.kind} {at}")
 
 
-def _describe_detection(d: Detection, run_dir: Path | None = None, *, log: bool = False,
-                        stacks: Path | None = None) -> str:
+def _describe_detection(d: Detection, history: History, run_dir: Path | None = None, *,
+                        log: bool = False, stacks: Path | None = None) -> str:
     """``stacks``: the run folder whose logs hold a stalled rank's stack dump."""
-    tail = _log_tail(run_dir if log else None, d.gen, d.rank) if d.rank is not None else ""
+    tail = "" if d.rank is None else _log_tail(run_dir, d.gen, d.rank) if log else \
+        _log_hint(run_dir, d.gen, d.rank)
     if d.kind == Detected.STALLED and d.rank is not None:
         tail = _stack(stacks or run_dir, d.gen, d.rank) + tail
-    return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
+    fired = [f for f in history.faults_fired() if f.gen == d.gen and f.rank == d.rank]
+    if not fired:
+        return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
+    f = fired[-1]
+    why = f"after the scheduled {history.describe_fault(f.id) or f.kind} fired on it"
+    refused = [e for e in history.errors(gen=d.gen, rank=d.rank)
+               if str(e.error).startswith("InjectedFault")]
+    if refused:
+        why += f", which could not be injected: {refused[-1].error}"
+    elif d.kind == Detected.STALLED:
+        why += (", which the job did not notice within the scenario's stall_s: its collectives "
+                "must time out sooner (or raise stall_s for a job that waits longer on purpose)")
+    else:
+        why += ", which does not explain this death"
+    return f"{_what(d)} (generation {d.gen}), {why}{tail}"
 
 
 def _short(d: Detection) -> str:
@@ -307,7 +322,8 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
             # The first rank that raised (a positive exit code) shows the end of its log once.
             show = not logged and d.kind == Detected.DIED and (d.exit_code or 0) > 0
             logged = logged or show
-            problems.append({"message": _describe_detection(d, folder, log=show, stacks=stacks),
+            problems.append({"message": _describe_detection(d, history, folder, log=show,
+                                                            stacks=stacks),
                              "step": d.step,
                              "rank": d.rank, "generation": d.gen, "fault": None})
     problems.extend(_trained_after_sigterm(history))
