@@ -388,16 +388,12 @@ def _replay_command(request: pytest.FixtureRequest, *options: str) -> str:
 
 
 def _resolve_backend(backend: str) -> str:
-    if backend == "gloo":
-        return backend
-    import torch
+    from pytest_reshard.session import resolve_backend
 
-    has_cuda = torch.cuda.is_available()
-    if backend == "nccl" and not has_cuda:
-        pytest.fail("backend='nccl' was asked for, but no CUDA device is available here; use "
-                    "backend='auto' to fall back to gloo on CPU, or mark the test "
-                    "@pytest.mark.gpu so that it is skipped without one", pytrace=False)
-    return "nccl" if has_cuda else "gloo"
+    try:
+        return resolve_backend(backend)
+    except ValueError as e:
+        pytest.fail(str(e), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -188,7 +188,7 @@ def parametrize(metafunc: Any, state: Any) -> None:
         seed=int(s["reshard_seed"] if seed is None else seed), files=True,
         timeout_s=float(timeout or s["reshard_timeout"]),
         launcher=opts.pop("launcher", None) or s["reshard_launcher"],
-        backend=opts.pop("backend", None) or s["reshard_backend"],
+        backend=_backend(opts.pop("backend", None) or s["reshard_backend"], where),
         args=[str(a) for a in opts.pop("args", ())], **opts)
     if not 0 <= rank < scenario.world_size:
         raise pytest.UsageError(f"{where}: reshard_sweep rank={rank} is not a rank of world "
@@ -241,3 +241,16 @@ def record(scenario: Any, run_dir: Path, *, rank: int = 0, save_step: int | None
         return points(history.rank_events(gen=0), rank=rank, save_step=save_step, flip=flip, power=power)
     except ValueError as e:
         raise ValueError(f"{e} (the clean run: {run_dir})") from None
+
+
+def _backend(backend: str, where: str) -> str:
+    """The sweep's recording run needs a real backend, not ``auto`` (the plugin resolves it the
+    same way for reshard_run)."""
+    import pytest
+
+    from pytest_reshard.session import resolve_backend
+
+    try:
+        return resolve_backend(backend)
+    except ValueError as e:
+        raise pytest.UsageError(f"{where}: {e}") from None

@@ -2,6 +2,7 @@
 process starts, in words that say what to change."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from pytest_reshard import workloads
@@ -23,11 +24,20 @@ def _check_nodes(world_size: int, options: dict[str, Any]) -> None:
                          f"evenly into nodes={nodes} (each node runs world_size / nodes ranks)")
 
 
+#: Scenario fields given by scenario_from's own arguments, not as options
+NOT_OPTIONS = ("workload", "world_size", "steps", "schedule")
+
+
 def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequence[Fault] = (),
                   seed: int = 0, **options: Any) -> Scenario:
     """Build a Scenario, rejecting bad input with messages that say what to change."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    unknown = sorted(set(options) - {f.name for f in dataclasses.fields(Scenario)})
+    if unknown:
+        known = [f.name for f in dataclasses.fields(Scenario) if f.name not in NOT_OPTIONS]
+        raise ValueError(f"no scenario option {', '.join(map(repr, unknown))}: the options are "
+                         f"{', '.join(known)}")
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
     flat: list[Fault] = []
@@ -59,3 +69,18 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
                         **options)
     check_membership(scenario)
     return scenario
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> nccl where CUDA is available, else gloo; an explicit ``nccl`` without CUDA is
+    an error (ValueError), not a silent fall back to gloo."""
+    if backend == "gloo":
+        return backend
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if backend == "nccl" and not has_cuda:
+        raise ValueError("backend='nccl' was asked for, but no CUDA device is available here; "
+                         "use backend='auto' to fall back to gloo on CPU, or mark the test "
+                         "@pytest.mark.gpu so that it is skipped without one")
+    return "nccl" if has_cuda else "gloo"

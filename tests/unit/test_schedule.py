@@ -98,3 +98,9 @@ def test_a_device_change_needs_known_classes_and_a_heterogeneous_world():
     with pytest.raises(ScheduleError, match="give the scenario devices="):
         scenario_from("lm", world_size=4, steps=6, faults=[change])
     scenario_from("lm", world_size=2, steps=6, faults=[change], devices=["h100", "a100"])
+
+
+def test_an_unknown_scenario_option_is_refused_with_the_list_of_options():
+    with pytest.raises(ValueError, match="no scenario option 'stall': the options are args, "
+                                         "timeout_s, .*stall_s"):
+        scenario_from("lm", world_size=2, steps=4, stall=5)
