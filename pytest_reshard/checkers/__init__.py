@@ -33,8 +33,8 @@ The built-in checkers, in registration order (the verdict table's columns):
   checkpoint complete on disk, never an incomplete one.
 - ``one_step_checkpoint`` (runs that record their live state after each step): every saved or
   loaded checkpoint holds the state of one step, the step it was saved at.
-- ``silent_corruption`` (a scheduled ``bitflip``): no flipped bit reaches a checkpoint before the
-  workload's own check caught it, and no resume loads a corrupted save.
+- ``silent_corruption`` (a scheduled ``bitflip``): no flipped bit reaches a checkpoint, noticed by
+  the workload's own check or not, and no resume loads a corrupted save.
 - ``balance`` (a heterogeneous world, ``devices=``): no rank idles more than 10% of its steps
   waiting for a slower one.
 """

@@ -116,7 +116,7 @@ def _clean_saves(ctx: CheckContext) -> Callable[[int], dict[int, Checkpoint]]:
           applies=lambda ctx: ctx.scenario is not None and any(
               f.kind == BITFLIP for f in ctx.scenario.schedule.faults),
           when="a bit flip is scheduled (chaos.bitflip)",
-          description="no flipped bit reaches a checkpoint before the workload's own check "
-                      "caught it, and no generation resumes from a corrupted save")
+          description="no flipped bit reaches a checkpoint, noticed by the workload's own "
+                      "check or not, and no generation resumes from a corrupted save")
 def _check(ctx: CheckContext) -> Verdict:
     return silent_corruption(ctx.history, _clean_saves(ctx))

@@ -10,7 +10,7 @@ supervisor's events, each event with its position in history order (by time, sta
 from __future__ import annotations
 
 from array import array
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
 from pytest_reshard.history.records import Event
@@ -194,9 +194,3 @@ class Recorded:
             s.put_in_order()
         self._keys = array("d")
         self._runs = []
-
-    def ranked(self) -> Iterable[tuple[int, Event]]:
-        """Every rank event with its position, in history order."""
-        out = [ie for s in self.streams.values() for ie in s.events()]
-        out.sort(key=lambda ie: ie[0])
-        return out
