@@ -31,14 +31,14 @@ def abort_comms(*, at_step: int, phase: str = "backward", rank: int | None = Non
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
     from torch.distributed import distributed_c10d
 
-    from pytest_reshard.rank.probe import InjectedFault
+    from pytest_reshard.rank.probe import FaultNotInjected
 
     abort = getattr(distributed_c10d, "_abort_process_group", None)
     if abort is None:
-        raise InjectedFault("abort_comms needs torch.distributed's _abort_process_group "
-                            "(torch 2.5 or later)")
+        raise FaultNotInjected("abort_comms needs torch.distributed's _abort_process_group "
+                               "(torch 2.5 or later)")
     if not distributed_c10d.is_initialized():
-        raise InjectedFault("abort_comms: this rank has no process group to abort")
+        raise FaultNotInjected("abort_comms: this rank has no process group to abort")
     abort()
 
 

@@ -49,18 +49,18 @@ def bitflip(*, rank: int | None = None, at_step: int, phase: str = "optimizer",
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
     import torch
 
-    from pytest_reshard.rank.probe import InjectedFault
+    from pytest_reshard.rank.probe import FaultNotInjected
 
     p = fault["params"]
     model, optimizer = run.exposed().get("model"), run.exposed().get("optimizer")
     if model is None:
-        raise InjectedFault("bitflip needs the model: call run.expose(model=..., optimizer=...) "
-                            "before the first step")
+        raise FaultNotInjected("bitflip needs the model: call run.expose(model=..., optimizer=...) "
+                               "before the first step")
     named = dict(model.named_parameters())
     name = p.get("name") or next(iter(named))
     if name not in named:
-        raise InjectedFault(f"bitflip: the model has no parameter {name!r}; it has "
-                            f"{', '.join(list(named)[:8])}")
+        raise FaultNotInjected(f"bitflip: the model has no parameter {name!r}; it has "
+                               f"{', '.join(list(named)[:8])}")
     param = named[name]
     if p["tensor"] == "param":
         t = param.data
@@ -70,9 +70,9 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
         state = optimizer.state.get(param, {}) if optimizer is not None else {}
         t = next((v for v in state.values() if torch.is_tensor(v) and v.numel() > 1), None)
     if t is None:
-        raise InjectedFault(f"bitflip: {name} has no {p['tensor']} tensor at step "
-                            f"{fault['step']}, phase {fault['phase']} (a gradient exists after "
-                            "backward; an optimizer moment after the first update)")
+        raise FaultNotInjected(f"bitflip: {name} has no {p['tensor']} tensor at step "
+                               f"{fault['step']}, phase {fault['phase']} (a gradient exists after "
+                               "backward; an optimizer moment after the first update)")
     if hasattr(t, "to_local"):   # a DTensor (FSDP2): this rank's shard, same storage
         t = t.to_local()
     flat = t.detach().view(-1)

@@ -33,11 +33,11 @@ def kill_node(*, rank: int, at_step: int, phase: str = "backward") -> Fault:
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
     """The agent (this rank's parent), every worker it started, then this rank."""
     from pytest_reshard import procfs
-    from pytest_reshard.rank.probe import InjectedFault
+    from pytest_reshard.rank.probe import FaultNotInjected
 
     if Env.NODE not in os.environ:
-        raise InjectedFault("kill_node needs ranks under a node's agent "
-                                  "(launcher='elastic' or 'slurm')")
+        raise FaultNotInjected("kill_node needs ranks under a node's agent "
+                               "(launcher='elastic' or 'slurm')")
     agent = os.getppid()
     for pid in (agent, *(p for p in procfs.children(agent) if p != os.getpid())):
         try:

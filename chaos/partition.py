@@ -27,7 +27,8 @@ def partition(*, rank: int, at_step: int, phase: str = "backward", direction: st
     nothing is reset or refused, so TCP retransmits into the void and every peer waits, as
     behind a dead switch port. The job must notice within its own timeout (gloo's, NCCL's, or
     its own): once a rank fails, the supervisor fences the cut-off node (kills its agent and
-    ranks, as a scheduler fences a node that stopped answering), ``liveness`` names the victim
+    ranks, as a scheduler fences a node that stopped answering: only once the rank noted that
+    its rules went in, and after a heal only until the job trains again), ``liveness`` names the victim
     partitioned, and torch's agents re-form the world on the nodes left. A job that does not
     notice within the scenario's ``stall_s`` hangs, and ``liveness`` fails it with the stuck
     stacks. A partition shorter than the job's timeout is a blip the job must ride out without
@@ -50,8 +51,7 @@ def execute(run: Run, fault: Mapping[str, Any]) -> None:
     p = fault["params"]
     ifname = link_or_refuse("partition", "iptables")
     rules = [[chain, flag, ifname, "-j", "DROP"] for chain, flag in DIRECTIONS[p["direction"]]]
-    apply("partition", [["iptables", "-I", *r] for r in rules],
-          [["iptables", "-D", *r] for r in rules], p.get("duration_s"))
+    apply(run, fault, [(["iptables", "-I", *r], ["iptables", "-D", *r]) for r in rules])
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from pytest_reshard.chaos._common import positive, target_of
-from pytest_reshard.chaos._link import apply, link_or_refuse, needs_namespaced_nodes
+from pytest_reshard.chaos._link import Change, apply, link_or_refuse, needs_namespaced_nodes
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, FaultKind, register
 
@@ -55,26 +55,23 @@ def slow_link(*, rank: int, at_step: int, phase: str = "backward",
 def execute(run: Run, fault: Mapping[str, Any]) -> None:
     p = fault["params"]
     dev = link_or_refuse("slow_link", "tc")
-    commands: list[list[str]] = []
-    undo: list[list[str]] = []
+    changes: list[Change] = []
+    root = ["tc", "qdisc", "del", "dev", dev, "root"]
     if "delay_ms" in p:   # netem delays, and caps the rate itself
         netem = ["delay", f"{p['delay_ms']}ms", f"{p['jitter_ms']}ms"]
         if "rate_mbit" in p:
             netem += ["rate", f"{p['rate_mbit']}mbit"]
-        commands.append(["tc", "qdisc", "add", "dev", dev, "root", "netem", *netem])
+        changes.append((["tc", "qdisc", "add", "dev", dev, "root", "netem", *netem], root))
     elif "rate_mbit" in p:
-        commands.append(["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-                         f"{p['rate_mbit']}mbit", "burst", "32kbit", "latency", "400ms"])
-    if commands:
-        undo.append(["tc", "qdisc", "del", "dev", dev, "root"])
+        changes.append((["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+                         f"{p['rate_mbit']}mbit", "burst", "32kbit", "latency", "400ms"], root))
     if "loss" in p:
         link_or_refuse("slow_link", "iptables")
         for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):
             rule = [chain, flag, dev, "-m", "statistic", "--mode", "random", "--probability",
                     str(p["loss"]), "-j", "DROP"]
-            commands.append(["iptables", "-I", *rule])
-            undo.append(["iptables", "-D", *rule])
-    apply("slow_link", commands, undo, p.get("duration_s"))
+            changes.append((["iptables", "-I", *rule], ["iptables", "-D", *rule]))
+    apply(run, fault, changes)
 
 
 def _draw(draw: Any, ctx: DrawContext) -> Fault:

@@ -2,8 +2,9 @@
 
 The final generation committed the last step; every death, stop or stall is explained by a
 scheduled fault (or, for a death, by the workload's own check that caught corrupted state first:
-``run.detected``); every scheduled fault fired; every rank started; no rank kept training after a
-preemption's SIGTERM. A run that never began a step is said once, here, with the end of the
+``run.detected``); every scheduled fault fired and was made (an injector that could not make its
+fault says so: ``NOT_INJECTED``); every rank started; no rank kept training after a preemption's
+SIGTERM. A run that never began a step is said once, here, with the end of the
 failing rank's log; the other checkers say ``unknown`` ("the run never started"). A workload whose
 clean reference run fails is a failure of the workload, said first.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_hint, _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import GUARD, Cause, Detected, FileOp
+from pytest_reshard.contract import GUARD, NOT_INJECTED, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -61,10 +62,9 @@ def _describe_detection(d: Detection, history: History, run_dir: Path | None = N
         return f"{_what(d)} (generation {d.gen}), and no scheduled fault explains it{tail}"
     f = fired[-1]
     why = f"after the scheduled {history.describe_fault(f.id) or f.kind} fired on it"
-    refused = [e for e in history.errors(gen=d.gen, rank=d.rank)
-               if str(e.error).startswith("InjectedFault")]
+    refused = [n for n in history.notes(NOT_INJECTED, gen=d.gen) if n.rank == d.rank]
     if refused:
-        why += f", which could not be injected: {refused[-1].error}"
+        why += f", which could not be injected: {refused[-1].fields.get('reason')}"
     elif d.kind == Detected.STALLED:
         why += (", which the job did not notice within the scenario's stall_s: its collectives "
                 "must time out sooner (or raise stall_s for a job that waits longer on purpose)")
@@ -327,6 +327,14 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
                              "step": d.step,
                              "rank": d.rank, "generation": d.gen, "fault": None})
     problems.extend(_trained_after_sigterm(history))
+    described = {(p["generation"], p["rank"]) for p in problems}
+    for n in history.notes(NOT_INJECTED):
+        if (n.gen, n.rank) not in described:  # a death is said with its detection above
+            desc = history.describe_fault(n.fields.get("fault_id")) or "a scheduled fault"
+            problems.append({"message": f"fault {desc} fired on rank {n.rank} (generation "
+                             f"{n.gen}) but could not be injected: {n.fields.get('reason')}; "
+                             "the run never faced it", "step": n.step, "rank": n.rank,
+                             "generation": n.gen, "fault": desc})
     fired_ranks: set[tuple[int, int | None]] = {(f.gen, f.rank) for f in history.faults_fired()}
     fired_ranks |= {(d.gen, d.rank) for d in history.detections() if d.expected}
     detected = {(d.gen, d.rank) for d in history.detections()}

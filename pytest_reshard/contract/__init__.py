@@ -34,7 +34,8 @@ from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass",
            "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
-           "RunDir", "ADVICE", "GUARD", "FLIPPED", "STACK_SIGNAL", "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
+           "RunDir", "ADVICE", "GUARD", "FLIPPED", "LINK_CHANGED", "NOT_INJECTED", "STACK_SIGNAL",
+           "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "RECORD_FILE", "record_file", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
            "write_json", "encode_event", "seal", "decode_event", "name_of", "lost_writes"]
@@ -213,6 +214,13 @@ GUARD = "guard"
 #: A rank's note of what a ``bitflip`` changed: ``tensor``, ``name``, ``index``, ``bit``,
 #: ``before``, ``after``.
 FLIPPED = "flipped"
+#: A rank's note that a fault changed its node's link (``partition``, ``slow_link``) and every
+#: command went in: ``fault_id``, ``node``, ``duration_s`` (None: to the end of the run). Only
+#: after it does the supervisor treat the node as cut off.
+LINK_CHANGED = "link_changed"
+#: A rank's note that a fault fired but its injector could not make it here
+#: (``FaultNotInjected``): ``fault_id``, ``reason``. What follows is not the fault's doing.
+NOT_INJECTED = "not_injected"
 
 
 class Refusal(str, enum.Enum):

@@ -59,15 +59,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, STACK_SIGNAL, Env, Ev, RunDir,
-                                     encode_event, hub_hello, hub_line, hub_secret, name_of,
-                                     read_jsonl, record_file, seal)
+from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, NOT_INJECTED, STACK_SIGNAL, Env,
+                                     Ev, RunDir, encode_event, hub_hello, hub_line, hub_secret,
+                                     name_of, read_jsonl, record_file, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
 
 
-__all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "LiveChange", "InjectedFault"]
+__all__ = ["attach", "digest", "Run", "Step", "ReshardNotice", "LiveChange", "InjectedFault",
+           "FaultNotInjected"]
 
 #: How long a rank restarted by elastic agents waits for its generation's plan.
 PLAN_WAIT_S = 60.0
@@ -91,6 +92,12 @@ _STEP_HEAD_BEGIN, _STEP_HEAD_POINT, _STEP_HEAD_RECORD, _STEP_HEAD_END = (
 
 class InjectedFault(RuntimeError):
     """An error raised into the workload by a chaos injector (e.g. a simulated CUDA error)."""
+
+
+class FaultNotInjected(InjectedFault):
+    """An injector could not make its fault here (a tool missing, a launcher without nodes):
+    raised into the workload so that the run fails loudly, and noted (``NOT_INJECTED``) so that
+    what follows is never excused as the fault's doing."""
 
 
 @dataclass(frozen=True)
@@ -699,8 +706,8 @@ class Run:
         """A power cut of this machine: every rank of the generation dies at once (SIGKILL,
         the peers found by the pids their start events recorded), this one last."""
         if self._hub is not None:
-            raise InjectedFault("power_off needs the ranks' events in the run folder: a "
-                                "single-node launcher (fork, local or torchrun)")
+            raise FaultNotInjected("power_off needs the ranks' events in the run folder: a "
+                                   "single-node launcher (fork, local or torchrun)")
         for rank in range(self.world_size):
             path = self._dir.rank_events(self.generation, rank)
             if rank == self.rank or not path.exists():
@@ -737,7 +744,12 @@ class Run:
                 node = os.environ.get(Env.NODE)
                 self.emit(Ev.FAULT, step=step, phase=phase, kind=fault["kind"], id=fault["id"],
                            params=fault["params"], **({} if node is None else {"node": int(node)}))
-            _executor(fault)(self, fault)
+            try:
+                _executor(fault)(self, fault)
+            except FaultNotInjected as e:
+                self.emit(Ev.NOTE, what=NOT_INJECTED, step=step, fault_id=fault["id"],
+                          reason=str(e))
+                raise
 
 
 def _beat(beat: Callable[[], None], stop: threading.Event) -> None:

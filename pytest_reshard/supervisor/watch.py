@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from pytest_reshard.contract import GUARD, STACK_SIGNAL, Cause, Detected, Ev, name_of
+from pytest_reshard.contract import (GUARD, LINK_CHANGED, NOT_INJECTED, STACK_SIGNAL, Cause,
+                                     Detected, Ev, name_of)
 from pytest_reshard.schedule import kinds
 from pytest_reshard.supervisor.detect import RankWatch, ends, record_detection
 from pytest_reshard.supervisor.launch import LiveGeneration
@@ -72,8 +73,15 @@ class Watch:
         return record_detection(self, kind, rank, expected=expected, code=code, since=since)
 
     def fault_for(self, rank: int, ending: kinds.Ending) -> dict | None:
-        """The fault event that ends ``rank`` this way in this generation, if one fired."""
-        return next((e for e in self.tail.events(self.gen, rank) if ends(e, ending)), None)
+        """The fault event that ends ``rank`` this way in this generation, if one fired and its
+        injector made it (one that could not explains nothing)."""
+        events = self.tail.events(self.gen, rank)
+        refused = {e["fault_id"] for e in events if self._note(e, NOT_INJECTED)}
+        return next((e for e in events if ends(e, ending) and e["id"] not in refused), None)
+
+    @staticmethod
+    def _note(ev: dict, what: str) -> bool:
+        return name_of(ev) == Ev.NOTE and ev.get("what") == what
 
     def guarded(self) -> bool:
         """A rank of this generation recorded that its own check caught corrupted state
@@ -188,11 +196,10 @@ class Watch:
         self.failure = Failure(rank, code, now, detail)
 
     def _fence_cut_off(self, now: float) -> bool:
-        """A rank failed after a partition fired: the cut-off node is fenced, its victim named
+        """A rank failed while a node is cut off: that node is fenced, its victim named
         partitioned (the failure), whatever its own ranks are doing (waiting on a peer, or
         exited and left unreaped by an agent that cannot reach the rendezvous)."""
-        cut = next((e for e in self.fired.values() if e["gen"] == self.gen
-                    and kinds.get(e["kind"]).isolates), None)
+        cut = self._cut_off()
         if cut is None:
             return False
         rank = cut["rank"]
@@ -202,6 +209,27 @@ class Watch:
                              since=cut["t"])
         self.failure = Failure(rank, -signal.SIGKILL, now, detail)
         return True
+
+    def _cut_off(self) -> dict | None:
+        """The note of a partition of this generation that explains a failure now: its rules
+        went in (``LINK_CHANGED``; a fault that fired but was not made explains nothing), and
+        the link is still cut, or it healed but no step has ended since (a timeout that fired
+        late). Once the job trains on after the heal, a death is its own again."""
+        for fault in self.fired.values():
+            if fault["gen"] != self.gen or not kinds.get(fault["kind"]).isolates:
+                continue
+            cut = next((e for e in self.tail.events(self.gen, fault["rank"])
+                        if self._note(e, LINK_CHANGED) and e["fault_id"] == fault["id"]), None)
+            if cut is None:
+                continue
+            if cut.get("duration_s") is None:
+                return cut
+            healed = cut["t"] + float(cut["duration_s"])
+            if time.time() < healed or not any(
+                    name_of(e) == Ev.END and e["t"] > healed
+                    for r in range(self.world_size) for e in self.tail.events(self.gen, r)):
+                return cut
+        return None
 
     def _preempting(self) -> bool:
         """A planned fault whose cause is a preemption fired in this generation."""

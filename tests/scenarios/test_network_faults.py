@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from pytest_reshard import chaos
-from pytest_reshard.contract import Detected
+from pytest_reshard.contract import NOT_INJECTED, Detected
 from pytest_reshard.supervisor.launch import netns
 
 
@@ -100,6 +100,20 @@ def test_a_slow_link_changes_no_verdict_and_throughput_reports_the_drop(reshard_
     after = sorted(t for s, t in times.items() if s > 5)
     assert after[len(after) // 2] > 3 * before[len(before) // 2], times
     print(f"slow link: {v.message}")
+
+
+@pytest.mark.reshard(timeout=240)
+def test_a_link_change_that_cannot_be_made_fails_the_run_and_says_why(reshard_run):
+    """A second rate cap on the same link: ``tc`` refuses it (the root qdisc exists). The rank
+    notes that the fault was not made, and the run fails rather than pass untested."""
+    result = reshard_run("lm", world_size=4, steps=12, launcher="elastic", nodes=2,
+                         network="netns", faults=[chaos.slow_link(rank=2, at_step=3, rate_mbit=64),
+                                                  chaos.slow_link(rank=2, at_step=5, rate_mbit=8)])
+    (note,) = result.history.notes(NOT_INJECTED)
+    assert (note.gen, note.rank, note.step) == (0, 2, 5) and "tc qdisc add" in note.fields["reason"]
+    v = result.verdicts["liveness"]
+    assert v.status == "fail" and "could not be injected: slow_link: `tc qdisc add" in v.message, v
+    print(f"refused: {note.fields['reason']}")
 
 
 @pytest.mark.nightly

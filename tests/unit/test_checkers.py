@@ -9,7 +9,7 @@ from pytest_reshard import checkers
 from pytest_reshard.checkers import (SPREAD_FACTOR, exactly_once_samples, liveness,
                                      loss_continuity, measure_spread, no_rewind,
                                      one_step_checkpoint, state_equivalence)
-from pytest_reshard.contract import ADVICE, Ev
+from pytest_reshard.contract import ADVICE, NOT_INJECTED, Ev
 from pytest_reshard.history import History
 from pytest_reshard.verdict import Verdict, combine
 
@@ -479,6 +479,18 @@ def test_liveness_passes_a_complete_run_with_an_expected_kill() -> None:
     v = liveness(killed_run(resume=14).history())
     assert v.status == "pass", v
     assert liveness(reshard_run().history()).status == "pass"
+
+
+def test_liveness_fails_a_fault_that_fired_but_could_not_be_injected() -> None:
+    """The rank noted that its injector refused (NOT_INJECTED): whatever the watch made of the
+    death that followed, the run never faced the fault, so it cannot pass."""
+    b = killed_run(resume=10)
+    b.rank(0, 1, Ev.NOTE.value, what=NOT_INJECTED, step=14, fault_id=0,
+           reason="kill_node needs ranks under a node's agent")
+    v = liveness(b.history())
+    assert v.status == "fail", v
+    assert "could not be injected: kill_node needs ranks under a node's agent" in v.message
+    assert "never faced it" in v.message and (v.rank, v.generation) == (1, 0)
 
 
 def test_liveness_names_an_unexpected_stop() -> None:

@@ -66,3 +66,58 @@ def test_a_wall_clock_step_does_not_make_a_beating_rank_look_silent(monkeypatch,
     clock["mono"] += 30.0                                # then it really stops beating
     assert ranks.silent_for(0) == 30.0
     assert ranks.silent_for(1) is None                   # never attached
+
+
+def _watch(fired: list[dict], events: list[dict], world_size: int = 4):
+    """What ``Watch``'s fault lookups read: the fired faults and the tail's events."""
+    from types import SimpleNamespace
+
+    from pytest_reshard.supervisor.watch import Watch
+
+    by_rank: dict[int, list[dict]] = {}
+    for e in events:
+        by_rank.setdefault(e["rank"], []).append(e)
+    tail = SimpleNamespace(events=lambda gen, rank: by_rank.get(rank, []) if gen == 0 else [])
+    loop = SimpleNamespace(gen=0, world_size=world_size, tail=tail, _note=Watch._note,
+                           fired={f["id"]: f for f in fired})
+    return loop, Watch
+
+
+CUT = {"ev": Ev.FAULT.value, "gen": 0, "rank": 2, "id": 0, "kind": "partition", "step": 6,
+       "phase": "backward", "params": {"direction": "both"}, "node": 1, "t": 100.0}
+
+
+def _changed(duration_s, t=100.1):
+    from pytest_reshard.contract import LINK_CHANGED
+
+    return {"ev": Ev.NOTE.value, "gen": 0, "rank": 2, "what": LINK_CHANGED, "fault_id": 0,
+            "node": 1, "duration_s": duration_s, "t": t}
+
+
+def test_a_partition_whose_rules_never_went_in_explains_nothing():
+    """The fault fired, but iptables failed: no node is fenced, no death is excused."""
+    from pytest_reshard.contract import NOT_INJECTED
+
+    refused = {"ev": Ev.NOTE.value, "gen": 0, "rank": 2, "what": NOT_INJECTED, "fault_id": 0,
+               "reason": "partition: `iptables -I INPUT -i rs0 -j DROP` failed", "t": 100.1}
+    loop, Watch = _watch([CUT], [CUT, refused])
+    assert Watch._cut_off(loop) is None
+    assert Watch.fault_for(loop, 2, kinds.Ending.DEATH) is None
+    loop, Watch = _watch([CUT], [CUT, _changed(None)])
+    assert Watch._cut_off(loop)["node"] == 1                 # went in: to the end of the run
+    assert Watch.fault_for(loop, 2, kinds.Ending.DEATH) is CUT
+
+
+def test_a_healed_partition_explains_a_death_only_until_the_job_trains_again(monkeypatch):
+    from pytest_reshard.supervisor import watch
+
+    monkeypatch.setattr(watch.time, "time", lambda: 200.0)
+    stuck = [CUT, _changed(2.0)]                         # healed at 102.1, nothing ended since
+    loop, Watch = _watch([CUT], stuck)
+    assert Watch._cut_off(loop) is not None              # a timeout that fired after the heal
+    trained = stuck + [{"ev": Ev.END.value, "gen": 0, "rank": 0, "step": 7, "t": 103.0}]
+    loop, Watch = _watch([CUT], trained)
+    assert Watch._cut_off(loop) is None                  # a later death is the job's own
+    monkeypatch.setattr(watch.time, "time", lambda: 101.0)
+    loop, Watch = _watch([CUT], stuck)
+    assert Watch._cut_off(loop) is not None              # still cut

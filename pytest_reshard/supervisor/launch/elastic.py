@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from pytest_reshard.contract import Cause, Env, Ev
+from pytest_reshard.supervisor.outcome import HarnessError
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, host_store, LiveGeneration, LaunchContext, RankSpec,
                                               module_or_script, wait_until)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent
@@ -189,7 +190,13 @@ class ElasticGeneration(LiveGeneration):
         self._seen.update(workers)
         for pid in (agent.pid, *workers):
             killpg(pid)
-        agent.wait(timeout=KILL_WAIT_S)
+        try:
+            agent.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise HarnessError(f"node {node}'s agent (pid {agent.pid}) outlived SIGKILL by "
+                               f"{KILL_WAIT_S:.0f} s (a process stuck in the kernel: see its "
+                               "state in ps): the world it would re-form cannot be "
+                               "trusted") from None
 
     # -- elastic -------------------------------------------------------------------------------
     def restarting(self) -> bool:
