@@ -18,6 +18,7 @@ generation that never began a step after reading a torn or missing file fails na
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -332,7 +333,7 @@ def _resumed_from(history: History, gen: int) -> tuple[list[int | None], str]:
         first_begin.setdefault(a.rank, a.begin_index)
     loads: dict[int, Checkpoint] = {}
     for c in history.checkpoints("load", gen=gen):
-        if c.index < first_begin.get(c.rank, len(history.events)):
+        if c.index < first_begin.get(c.rank, math.inf):
             loads.setdefault(c.rank, c)
     g = history.generations[gen]
     if loads:

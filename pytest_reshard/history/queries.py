@@ -570,17 +570,18 @@ class History(MembershipQueries):
                                for p in pairs) for occ in self.kept()}
 
     def end_times(self, gen: int, step: int) -> dict[int, float]:
-        """rank -> when it ended the step in ``gen``."""
-        return dict(self._ix.end_times.get((gen, step), {}))
+        """rank -> when it ended the step in ``gen``, by rank."""
+        return dict(sorted(self._ix.end_times.get((gen, step), {}).items()))
 
     def metric(self, gen: int, step: int, name: str) -> dict[int, float]:
-        """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``)."""
+        """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``), by
+        rank."""
         out: dict[int, float] = {}
         for s, p in self._ix.records.get((gen, step), ()):
             value = s.value(p, name)
             if isinstance(value, (int, float)):
                 out[s.rank] = out.get(s.rank, 0.0) + float(value)
-        return out
+        return dict(sorted(out.items()))
 
     def has_tokens(self) -> bool:
         return any(s.value(p, "tokens") is not None
