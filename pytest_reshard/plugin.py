@@ -189,9 +189,9 @@ def _check_startup(config: pytest.Config, state: "_State") -> None:
     """What would fail every scenario, rejected before any runs (exit 4, naming the option):
     an artifacts folder that cannot be written or is another session's, a baseline that does not
     exist, nccl asked for where there is no CUDA device."""
-    if config.getoption("help", False) or config.getoption("collectonly", False) \
-            or config.getoption("markers", False):
-        return
+    if any(config.getoption(o, False) for o in ("help", "collectonly", "markers", "showfixtures",
+                                                  "show_fixtures_per_test")):
+        return  # nothing runs: no folder is made or held
     from pytest_reshard.session import ArtifactsInUse, lock_artifacts
 
     s = state.settings

@@ -3,6 +3,14 @@
 import pytest
 
 
+@pytest.mark.parametrize("ask", ["--fixtures", "--fixtures-per-test", "--collect-only",
+                                 "--markers"])
+def test_a_run_that_runs_nothing_makes_no_artifacts_folder(pytester, ask):
+    pytester.makepyfile("def test_x(): pass")
+    assert pytester.runpytest(ask).ret == 0
+    assert not (pytester.path / "reshard-artifacts").exists()
+    pytester.runpytest().assert_outcomes(passed=1)               # and a real run makes it
+    assert (pytester.path / "reshard-artifacts").is_dir()
 
 
 def test_markers_are_documented(pytester):
