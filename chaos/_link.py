@@ -46,7 +46,7 @@ def apply(run: Run, fault: Mapping[str, Any], changes: list[Change]) -> None:
             for _, undo in reversed(done):
                 subprocess.run(undo, capture_output=True, timeout=10)
             raise FaultNotInjected(f"{fault['kind']}: `{' '.join(change[0])}` failed: "
-                                   f"{ran.stderr.strip()}")
+                                   f"{ran.stderr.strip().rstrip('.')}")
         done.append(change)
     duration_s = fault["params"].get("duration_s")
     if duration_s is not None:

@@ -122,11 +122,16 @@ def _log_tail(run_dir: str | Path | None, gen: int, rank: int, lines: int = 12) 
 
 def _stack(run_dir: str | Path | None, gen: int, rank: int, frames: int = 6) -> str:
     """``; its main thread was in: File "train.py", line 80 in main <- ...``: the innermost frames
-    of the main thread in the last stack dump of the rank's log (``STACK_SIGNAL``), or ""."""
+    of the main thread in the last stack dump of the rank (``STACK_SIGNAL``: in its stacks file,
+    else its log), or ""."""
     if run_dir is None:
         return ""
+    folder = RunDir(Path(run_dir))
+    path = folder.stacks(gen, rank)
+    if not path.exists() or not path.stat().st_size:
+        path = folder.log(gen, rank)
     try:
-        with open(RunDir(Path(run_dir)).log(gen, rank), "rb") as f:
+        with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
@@ -141,7 +146,13 @@ def _stack(run_dir: str | Path | None, gen: int, rank: int, frames: int = 6) -> 
     if not main:
         return ""
     script = next(i for i, f in enumerate(main) if f.endswith(" in <module>"))
-    return "; its main thread was in: " + " <- ".join(main[:script + 1][:frames])
+    stack = main[:script + 1]
+    # the innermost frame (where it waits), then the workload's own: a library's many frames
+    # (torch's collectives) would hide where in the script it was
+    own = [f for f in stack[1:] if "site-packages" not in f and "/lib/python" not in f]
+    library = len(stack) - 1 - len(own)
+    return ("; its main thread was in: " + " <- ".join([stack[0], *own][:frames])
+            + (f" ({library} library frame{'s' if library > 1 else ''} left out)" if library else ""))
 
 
 def _last_traceback(lines: list[str]) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_hint, _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import GUARD, NOT_INJECTED, Cause, Detected, FileOp
+from pytest_reshard.contract import GUARD, NOT_INJECTED, PREEMPT_SIGNAL, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -195,7 +195,7 @@ def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
 
 def _is_sigterm(e: Any) -> bool:
     """A SIGTERM the probe saw land (not the record that its flag was installed)."""
-    return isinstance(e, Signal) and e.signal == "SIGTERM" and not e.armed
+    return isinstance(e, Signal) and e.signal == PREEMPT_SIGNAL.name and not e.armed
 
 
 def _delivered(history: History) -> set[tuple[int, Any]]:

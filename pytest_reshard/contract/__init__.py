@@ -34,7 +34,8 @@ from typing import Any, Mapping
 
 __all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass",
            "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
-           "RunDir", "ADVICE", "GUARD", "FLIPPED", "LINK_CHANGED", "NOT_INJECTED", "STACK_SIGNAL",
+           "RunDir", "ADVICE", "GUARD", "FLIPPED", "LINK_CHANGED", "NOT_INJECTED", "STRETCHED",
+           "STACK_SIGNAL", "PREEMPT_SIGNAL",
            "RANK_EVENTS", "STEP_EVENTS", "SUPERVISOR_EVENTS",
            "RANK_FILE", "RECORD_FILE", "record_file", "HUB_PROTOCOL",
            "hub_mac", "hub_secret", "hub_hello", "hub_line", "Torn", "Damaged", "read_jsonl",
@@ -99,7 +100,8 @@ class Ev(str, enum.Enum):
     RSS = "rss"                # gen, rank, peak_bytes, budget_bytes
     DELIVER = "deliver"        # a scheduler delivers a planned fault (SLURM's scancel): gen, fault_id, kind, grace_s
     MEMBER = "member"          # membership mode: action (a ``MemberAction``) and its fields
-    DEVICES = "devices"        # a heterogeneous world's generation: gen, classes, speeds, mode, why, cpus
+    DEVICES = "devices"        # a heterogeneous world's generation: gen, classes, speeds (relative to
+                               # an H100, in every generation), mode, why, cpus (the caps enforced)
     NODES = "nodes"            # a multi-node launcher's machines: elastic's network; slurm's allocation
                                # (job, nodes), each step (gen, name, nodes)
     POWER_LOSS = "power_loss"  # what a power loss took (``supervisor/power.py``): gen, renames_undone,
@@ -204,6 +206,9 @@ MUTATIONS = (FileOp.MKDIR, FileOp.OPEN, FileOp.WRITE, FileOp.FSYNC, FileOp.CLOSE
 #: registered by the probe where the workload left the signal alone): the supervisor sends it to
 #: a stalled rank before it kills it, so the verdict shows where the rank was stuck.
 STACK_SIGNAL = signal.SIGUSR2
+#: The signal a scheduler preempts with (SLURM, Kubernetes, a spot reclaim); a rank's ``signal``
+#: event names it (``PREEMPT_SIGNAL.name``) when it lands.
+PREEMPT_SIGNAL = signal.SIGTERM
 
 #: A rank's note (``run.advise``) that tells one checker's verdict what to do in the workload's
 #: own terms: ``check`` (the checker's name) and ``text``.
@@ -221,6 +226,9 @@ LINK_CHANGED = "link_changed"
 #: A rank's note that a fault fired but its injector could not make it here
 #: (``FaultNotInjected``): ``fault_id``, ``reason``. What follows is not the fault's doing.
 NOT_INJECTED = "not_injected"
+#: A rank's note that it could not join the cgroup that caps it to its device class and stretches
+#: its steps instead (``supervisor/devices.py``): ``why``. Its compute time then hides its class.
+STRETCHED = "device_stretched"
 
 
 class Refusal(str, enum.Enum):
@@ -415,6 +423,11 @@ class RunDir:
 
     def log(self, gen: int, rank: int) -> Path:
         return self.logs / f"g{gen}-r{rank}.log"
+
+    def stacks(self, gen: int, rank: int) -> Path:
+        """Where the rank's Python writes every thread's stack on ``STACK_SIGNAL``: a file of
+        its own, since under node agents its output shares its node's log."""
+        return self.logs / f"g{gen}-r{rank}.stacks"
 
     def disk(self, gen: int) -> Path:
         """The work folder as generation ``gen`` left it (``filewatch.snapshot``), when the

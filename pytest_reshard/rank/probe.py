@@ -30,8 +30,10 @@ Why it is built this way:
   its test.
 - Record mode (``RESHARD_RECORD=DIR`` or ``attach(record=DIR)``, outside the harness) writes the
   same events on a production job, one file per process in ``DIR``, and does nothing else: no
-  plan, no faults, no heartbeat, no supervisor to watch, no signal handler of its own.
-  ``pytest-reshard judge DIR`` judges them.
+  plan, no faults, no heartbeat, no supervisor to watch. Its one signal handler records a
+  SIGTERM that lands (a scheduler's preemption) and then does what the signal did before: the
+  job's own handler runs, or the process dies of SIGTERM. ``pytest-reshard judge DIR`` judges
+  them.
 - On another machine (``RESHARD_HUB`` set: the ``slurm`` launcher) the same lines and a blank
   line per heartbeat go over one TCP connection to the harness, and the plan comes back over it:
   nothing depends on a shared folder's file times or on the harness seeing this machine's
@@ -59,9 +61,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, NOT_INJECTED, STACK_SIGNAL, Env,
-                                     Ev, RunDir, encode_event, hub_hello, hub_line, hub_secret,
-                                     name_of, read_jsonl, record_file, seal)
+from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, NOT_INJECTED, PREEMPT_SIGNAL,
+                                     STACK_SIGNAL, STRETCHED, Env, Ev, RunDir, encode_event, hub_hello,
+                                     hub_line, hub_secret, name_of, read_jsonl, record_file, seal)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_reshard.rank.filewatch import Watcher
@@ -257,9 +259,11 @@ class Run:
         self._files_watched = False         # filewatch records into this rank's events
         self._sigterm_handled = False   # set once stop_requested() installed the SIGTERM flag
         self._previous_sigterm: Any = None
+        self._sigterm_recorder = False  # record mode: _on_sigterm records, then passes SIGTERM on
         self._notice: ReshardNotice | None = None
         self._faults: dict[tuple[int, str], list[dict[str, Any]]] = {}
         self._ballast: list[Any] = []  # what executors hold (``hold``)
+        self._stacks: Any = None       # the file faulthandler writes stack dumps to
         self._exposed: dict[str, Any] = {}  # the model and optimizer a bitflip may corrupt
         self._stretch = 0.0   # a slower device class with no cgroup to cap it: sleep this x a step
         self._fd = -1
@@ -310,7 +314,8 @@ class Run:
         threading.Thread(target=_beat, args=(beat, self._beating), name="reshard-heartbeat",
                          daemon=True).start()
         if signal.getsignal(STACK_SIGNAL) == signal.SIG_DFL:   # the workload's own stays
-            faulthandler.register(STACK_SIGNAL, all_threads=True)   # stacks into the log
+            self._stacks = None if self._hub is not None else self._open_stacks(run_dir)
+            faulthandler.register(STACK_SIGNAL, file=self._stacks or sys.stderr, all_threads=True)
         self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                    max_rewind_steps=max_rewind_steps)
         if plan.get("devices"):
@@ -323,9 +328,10 @@ class Run:
     def _record(self, folder: Path, env: Mapping[str, str], max_rewind_steps: int | None,
                 digests: bool | None) -> None:
         """Record mode: the same events into ``folder``, one file for this process, and nothing
-        else. No plan, no faults, no heartbeat, no supervisor to outlive, no signal handler:
-        the job behaves as without the probe. A folder that cannot be written turns recording
-        off (said once on stderr) rather than failing the job."""
+        else. No plan, no faults, no heartbeat, no supervisor to outlive; a SIGTERM is recorded
+        and passed on (``_record_sigterm``): the job behaves as without the probe. A folder that
+        cannot be written turns recording off (said once on stderr) rather than failing the
+        job."""
         launcher, restart = _restart_count(env)
         host = socket.gethostname()
         t0 = time.time()
@@ -348,6 +354,31 @@ class Run:
                   max_rewind_steps=max_rewind_steps, record=True, host=host, launcher=launcher,
                   restart=restart, job=job, local_rank=_int_or_none(env.get("LOCAL_RANK")),
                   steps=_int_or_none(steps), script=os.path.basename(sys.argv[0] or ""))
+        self._record_sigterm()
+
+    def _record_sigterm(self) -> None:
+        """Record mode: put ``_on_sigterm`` in front of SIGTERM's disposition, so that a
+        scheduler's preemption is in the recording (else a job that handles it and closes reads
+        as complete). It passes the signal on: to the job's own handler, installed before or
+        since (each step begins by putting it back in front), or, where none is, the default:
+        the process dies of SIGTERM as it would without the probe. A handler installed outside
+        Python cannot be passed on to and is left alone, as is any thread but the main one."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        current = signal.getsignal(signal.SIGTERM)
+        if current is None or current == self._on_sigterm:
+            return
+        self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._sigterm_recorder = True
+
+    def _open_stacks(self, run_dir: RunDir) -> Any:
+        """The file this rank's stack dumps go to (else its output, the log)."""
+        path = run_dir.stacks(self.generation, self.rank)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return open(path, "w")
+        except OSError:
+            return None
 
     def _take_device(self, entry: Mapping[str, Any]) -> None:
         """This rank's device class in a heterogeneous world: join the cgroup that caps its CPU
@@ -358,7 +389,7 @@ class Run:
                 Path(group, "cgroup.procs").write_text(str(os.getpid()))
                 return
             except OSError as e:
-                self.note("device_stretched", why=f"joining {group} failed: {e}")
+                self.note(STRETCHED, why=f"joining {group} failed: {e}")
         self._stretch = 1.0 / float(entry["speeds"][self.rank]) - 1.0
 
     # -- recording -------------------------------------------------------------------------
@@ -420,6 +451,8 @@ class Run:
         s.t0 = time.monotonic()
         self._last_step = step
         if self.active:
+            if self.recording is not None:   # the job may have installed its own since
+                self._record_sigterm()
             self._emit_step(_STEP_HEAD_BEGIN, step)
             if self._faults:
                 self._fire(step, "begin")
@@ -644,7 +677,7 @@ class Run:
         if self.active:
             # The rank's own peak: the supervisor samples it every 20 ms only while it lives. A
             # SIGTERM flag that something replaced since would not have recorded a SIGTERM.
-            replaced = (self._sigterm_handled
+            replaced = ((self._sigterm_handled or self._sigterm_recorder)
                         and signal.getsignal(signal.SIGTERM) != self._on_sigterm)
             self.emit(Ev.EXIT, code=0, peak_rss=procfs.peak_rss("self"),
                        memory=procfs.memory_sets("self"),
@@ -656,6 +689,10 @@ class Run:
                 os.close(self._fd)
                 self._fd = -1
                 self._write = lambda data: None
+            if self._sigterm_recorder and not self._sigterm_handled and not replaced \
+                    and threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, self._previous_sigterm)   # as it was before
+                self._sigterm_recorder = False
 
     def watch_files(self) -> "Watcher":
         """Record the file events under the work folder from now on (``filewatch``) and return
@@ -683,16 +720,18 @@ class Run:
         exactly as it would on a spot node. Ask once before the training loop to be covered from
         the first step."""
         if not self._sigterm_handled and threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            if previous != self._on_sigterm:   # record mode's: what it passes on to stays
+                self._previous_sigterm = previous
             self._sigterm_handled = True
             if self.active:  # from here on a SIGTERM that lands is recorded (liveness asks)
-                self.emit(Ev.SIGNAL, signal="SIGTERM", armed=True)
+                self.emit(Ev.SIGNAL, signal=PREEMPT_SIGNAL.name, armed=True)
         return self._stop
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._stop = True
         if self.active:
-            line = encode_event({"signal": "SIGTERM", "ev": Ev.SIGNAL, "t": time.time(),
+            line = encode_event({"signal": PREEMPT_SIGNAL.name, "ev": Ev.SIGNAL, "t": time.time(),
                                  "gen": self.generation, "rank": self.rank})
             if self._hub is not None:  # the interrupted code may hold the connection's lock
                 self._hub.send_soon(line)
@@ -700,6 +739,12 @@ class Run:
                 self._write(line)
         if callable(self._previous_sigterm):
             self._previous_sigterm(signum, frame)
+        elif (self._sigterm_recorder and not self._sigterm_handled
+              and self._previous_sigterm == signal.SIG_DFL):
+            # record mode only records: nobody asked for the flag, so it ends the process as
+            # the default would have, by this same signal
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     # -- the executors' interface: what a fault kind's ``execute(run, fault)`` may use -------
     def power_off(self) -> None:
@@ -946,9 +991,10 @@ def attach(*, max_rewind_steps: int | None = None, role: str | None = None,
 
     ``record``: outside the harness, record this process's events into that folder (record
     mode, as ``RESHARD_RECORD=DIR`` does) for ``pytest-reshard judge DIR``; nothing else of the
-    harness happens (no plan, no faults, no heartbeat, no signal handler). ``digests``: in
-    record mode, digest the ``state=`` given to ``checkpoint_saved``/``checkpoint_loaded``
-    (default off: a digest is a pass over the state; ``RESHARD_RECORD_DIGESTS=1`` turns it on).
+    harness happens (no plan, no faults, no heartbeat; a SIGTERM is recorded and passed on as
+    it was). ``digests``: in record mode, digest the ``state=`` given to ``checkpoint_saved``/
+    ``checkpoint_loaded`` (default off: a digest is a pass over the state;
+    ``RESHARD_RECORD_DIGESTS=1`` turns it on).
     """
     global _RUN
     if _RUN is None or _RUN._key != (generation_of(os.environ), int(os.environ.get("RANK", 0))) \

@@ -311,8 +311,11 @@ class Watch:
 
     def _dump_stack(self, rank: int) -> None:
         """Ask a stalled rank for every thread's stack (``STACK_SIGNAL``: the probe's
-        faulthandler writes them into its log) and wait, bounded, until its log has them."""
-        log = self.ctx.run_dir.log(self.gen, rank)
+        faulthandler writes them into its stacks file, else its log) and wait, bounded, until
+        they are there."""
+        log = self.ctx.run_dir.stacks(self.gen, rank)
+        if not log.exists():
+            log = self.ctx.run_dir.log(self.gen, rank)
         try:
             before = log.stat().st_size
         except OSError:

@@ -72,6 +72,8 @@ def test_a_job_that_waits_out_a_partition_hangs_and_liveness_fails_it(reshard_ru
     v = result.verdicts["liveness"]
     assert v.status == "fail", v.message
     assert "stalled at step 6" in v.message and "no progress" in v.message, v.message
+    # its stacks, from a file of its own (its output shares its node's log), down to the LM's
+    assert "its main thread was in: " in v.message and "lm.py" in v.message, v.message
     assert not [d for d in result.history.detections() if d.kind == Detected.PARTITIONED]
 
 

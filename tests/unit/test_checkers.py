@@ -954,3 +954,24 @@ def test_balance_fails_the_idlest_rank_naming_its_class_and_share_and_passes_a_b
     assert balance(_mixed(0.05, mode="stretch")).status == "unknown"
     assert "record, each step" in balance(_mixed(0.05, record=False)).message
     assert "not a heterogeneous world" in balance(clean_run()).message
+
+
+def test_a_stall_shows_the_stacks_file_with_the_workloads_own_frames(tmp_path) -> None:
+    """The stack dump's own file (under node agents the log is the node's), read innermost
+    first: where it waits, then the script's frames, the library's between left out."""
+    from pytest_reshard.checkers._text import _stack
+    from pytest_reshard.contract import RunDir
+
+    lib = "/venv/lib/python3.11/site-packages/torch/distributed"
+    RunDir(tmp_path).logs.mkdir(parents=True)
+    RunDir(tmp_path).stacks(0, 2).write_text(
+        "Thread 0x00007f (most recent call first):\n"
+        f'  File "{lib}/distributed_c10d.py", line 4394 in all_gather_single\n'
+        f'  File "{lib}/c10d_logger.py", line 83 in wrapper\n'
+        '  File "/job/train.py", line 51 in step\n'
+        '  File "/job/train.py", line 90 in <module>\n')
+    assert _stack(tmp_path, 0, 2) == (
+        f'; its main thread was in: File "{lib}/distributed_c10d.py", line 4394 in '
+        'all_gather_single <- File "/job/train.py", line 51 in step <- File "/job/train.py", '
+        'line 90 in <module> (1 library frame left out)')
+    assert _stack(tmp_path, 0, 1) == ""      # no dump, and no log
