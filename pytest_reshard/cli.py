@@ -95,7 +95,8 @@ def sweep(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 JUDGE_EXIT = """exit status: 0 no check failed (some may be unknown: read them), 1 a check failed,
-2 the folder holds no recording it can read, 3 with --strict: no check failed but some are
+2 could not judge: the folder holds no recording it can read, or a damaged one (nothing is
+judged; the message names the first damaged line), 3 with --strict: no check failed but some are
 unknown"""
 
 
@@ -142,6 +143,12 @@ def judge_main(argv: list[str]) -> int:
         print(f"verdicts: {RunDir(result.run_dir).verdict}")
         if result.report is not None and result.verdict.status == "pass":
             print(f"report: {result.report}")   # the table names it when something did not pass
+    if result.history.damaged:   # every check is unknown: not a verdict on the job
+        d = result.history.damaged[0]
+        print(f"pytest-reshard judge: could not judge {args.folder}: its recording is damaged at "
+              f"{d.file}:{d.line} ({d.why}); judge a complete copy of the recording, or keep "
+              "one job per folder", file=sys.stderr)
+        return 2
     status = result.verdict.status
     return 1 if status == "fail" else 3 if args.strict and status == "unknown" else 0
 

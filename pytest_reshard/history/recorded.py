@@ -22,6 +22,10 @@ and nothing else:
 
 Two processes recorded as the same rank of one generation cannot both be it: the second file's
 start is reported as damaged, and nothing is judged.
+
+The history's order is by generation, then by each event's time (``_history_order``): the clocks
+of different hosts differ, so within a generation a timeline across hosts is as good as their
+NTP, but no host's skew can reorder the generations.
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_reshard.contract import (RECORD_FILE, SUPERVISOR_EVENTS, Cause, Damaged, Ev, Torn,
-                                     read_jsonl)
+from pytest_reshard.contract import (PREEMPT_SIGNAL, RECORD_FILE, SUPERVISOR_EVENTS, Cause,
+                                     Damaged, Ev, Torn, read_jsonl)
 from pytest_reshard.history.loading import HistoryError, validate
 from pytest_reshard.history.queries import History
 from pytest_reshard.history.records import Event
@@ -172,7 +176,8 @@ def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
     closed = {int(e["rank"]) for e in events
               if e["ev"] == Ev.EXIT and e.get("code") == 0 and not e.get("moved_to")}
     sigterm = {int(e["rank"]) for e in events
-               if e["ev"] == Ev.SIGNAL and e.get("signal") == "SIGTERM" and not e.get("armed")}
+               if e["ev"] == Ev.SIGNAL and e.get("signal") == PREEMPT_SIGNAL.name
+               and not e.get("armed")}
     asked = any(e["ev"] == Ev.REQUEST for e in events)
     missing = [r for r in range(world) if r not in closed]
     if not missing:
@@ -180,7 +185,12 @@ def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
             return Cause.PREEMPT, True, "every rank saw SIGTERM, saved and closed"
         if asked:
             return Cause.DRAIN, True, "the job asked to drain; every rank closed"
-        return Cause.COMPLETE, True, "every rank closed (run.close())"
+        blind = sorted(int(e["rank"]) for e in events
+                       if e["ev"] == Ev.EXIT and e.get("sigterm_replaced"))
+        unseen = (f"; ranks {', '.join(map(str, blind))} replaced the probe's SIGTERM handler "
+                  "after their last step began, so a SIGTERM since would not be recorded"
+                  if blind else "")
+        return Cause.COMPLETE, True, f"every rank closed (run.close()){unseen}"
     last: dict[int, tuple[int, str, str]] = {}
     for e in events:
         if "step" in e and e["ev"] in (Ev.BEGIN, Ev.POINT, Ev.END, Ev.ERROR):
@@ -260,9 +270,17 @@ def load_recorded(folder: str | Path) -> History:
         by_gen.setdefault(gen, []).extend(body)
     events: list[Event] = [e for gen in sorted(by_gen) for e in by_gen[gen]]
     events += supervisor_events(by_gen, starts)
-    events.sort(key=lambda e: float(e.get("t", 0.0)))   # stable: each file's order within a time
+    events.sort(key=_history_order)
     return History(events, torn=torn, damaged=damaged, run_dir=root)
 
+
+def _history_order(e: Event) -> tuple[int, float]:
+    """By generation, then time (the sort is stable: each file's order within a time). Hosts'
+    clocks differ, so time alone would let one host's skew put a generation before the one it
+    followed; the generations' order comes from the start events (``generations_of``). The
+    scenario record, which has no generation, comes first."""
+    gen = e.get("gen")
+    return (gen if isinstance(gen, int) else -1, float(e.get("t", 0.0)))
 
 
 def _match(path: Path) -> re.Match[str]:

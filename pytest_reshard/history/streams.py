@@ -9,6 +9,7 @@ supervisor's events, each event with its position in history order (by time, sta
 """
 from __future__ import annotations
 
+import threading
 from array import array
 from typing import Any, Iterator
 
@@ -28,13 +29,19 @@ _INT64 = 1 << 63
 #: The field orders seen (shared by every stream), and each one's fields beyond the usual ones.
 _SHAPES: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 _SHAPE_IDS: dict[tuple[str, ...], int] = {}
+#: Held to add a field order: histories load on several threads at once (the session's
+#: reference runs on a background one), and two new orders must not get the same id.
+_SHAPES_LOCK = threading.Lock()
 
 
 def _shape(keys: tuple[str, ...]) -> int:
-    sid = _SHAPE_IDS.get(keys)
+    sid = _SHAPE_IDS.get(keys)   # the usual case, a known order: no lock
     if sid is None:
-        sid = _SHAPE_IDS[keys] = len(_SHAPES)
-        _SHAPES.append((keys, tuple(k for k in keys if k not in _USUAL)))
+        with _SHAPES_LOCK:
+            sid = _SHAPE_IDS.get(keys)
+            if sid is None:   # the shape is in the table before its id is handed out
+                _SHAPES.append((keys, tuple(k for k in keys if k not in _USUAL)))
+                sid = _SHAPE_IDS[keys] = len(_SHAPES) - 1
     return sid
 
 
@@ -49,7 +56,7 @@ class RankStream:
         self.gen, self.rank = gen, rank
         self.index = array("q")
         self.kind = bytearray()
-        self.shape = array("H")
+        self.shape = array("I")   # a field order's id: more than 65,535 of them may be seen
         self.step = array("q")
         self.t = array("d")
         self.extra: list[Any] = []

@@ -7,7 +7,10 @@ the same registry, with two differences that come from what production lacks:
 - There is no clean reference run. The checks that compare with one (``NEEDS_REFERENCE``) say
   ``unknown``, with what they saw without it, unless ``reference=`` names another recording of
   the same job run without failures (same script, seed, data and world size); it then stands
-  for the clean run at its own topology, and a topology it did not run at is ``unknown``.
+  for the clean run at its own topology, and a topology it did not run at is ``unknown``. A
+  reference stands for a clean run only when it is one: undamaged, one generation, no step begun
+  twice, ended complete (``reference_refusal``). Any other would let a run with the same bug pass
+  against it, so the checks that need it say ``unknown``, naming the reference and why.
 - There is no fault schedule: liveness judges whether the job finished (every rank of the last
   generation closed, at the step count the job declared in ``RESHARD_STEPS`` when it did), not
   whether each failure was planned. Earlier generations' failures are the job's real crashes;
@@ -24,14 +27,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pytest_reshard import checkers
-from pytest_reshard.contract import Cause
+from pytest_reshard.contract import Cause, Ev
 from pytest_reshard.history import History
 from pytest_reshard.history.recorded import load_recorded
 from pytest_reshard.result import Result
 from pytest_reshard.supervisor import Scenario
 from pytest_reshard.verdict import PASS, UNKNOWN, Verdict
 
-__all__ = ["NEEDS_REFERENCE", "ReferenceMissing", "judge", "judge_history"]
+__all__ = ["NEEDS_REFERENCE", "ReferenceMissing", "judge", "judge_history", "reference_refusal"]
 
 #: The checks that compare with a clean run, which a production recording does not have.
 NEEDS_REFERENCE = ("loss_continuity", "exactly_once_samples")
@@ -41,11 +44,45 @@ class ReferenceMissing(LookupError):
     """The reference recording cannot stand for the clean run a checker asked for."""
 
 
-def _reference_runs(reference: History, folder: Path) -> checkers.ReferenceRuns:
+def reference_refusal(reference: History, folder: Path) -> str | None:
+    """Why the recording in ``folder`` cannot stand for a clean run (None: it can). A clean run
+    is one launch that ran every step once and closed on every rank: a reference that crashed,
+    restarted or replayed steps may share the bug being judged, and comparing with it would pass
+    that bug."""
+    gens = reference.generations
+    if reference.damaged:
+        d = reference.damaged[0]
+        why = f"its history is damaged at {d.file}:{d.line} ({d.why})"
+    elif len(gens) != 1:
+        why = (f"it ran {len(gens)} generations (its processes were started again: a restart or a "
+               "resubmission), and a clean run is one launch" if gens else
+               "it recorded no generation")
+    else:
+        g = next(iter(gens.values()))
+        begun: dict[tuple[int, int], int] = {}
+        for e in reference.rank_events(Ev.BEGIN, gen=g.gen):
+            key = (int(e["rank"]), int(e["step"]))
+            begun[key] = begun.get(key, 0) + 1
+        again = sorted(k for k, n in begun.items() if n > 1)
+        if g.cause != Cause.COMPLETE:
+            why = f"its generation {g.gen} ended by {g.cause}, not complete: {g.detail}"
+        elif again:
+            rank, step = again[0]
+            why = (f"rank {rank} began step {step} more than once in it (a retried or replayed "
+                   "step)")
+        else:
+            return None
+    return (f"the reference recording {folder} cannot stand for a clean run: {why}; record the "
+            "job once more without failures (one launch, every rank closing) and pass that folder")
+
+
+def _reference_runs(reference: History, folder: Path, refused: str | None) -> checkers.ReferenceRuns:
     gens = reference.generations
     roles = list(gens[min(gens)].roles) if gens else []
 
     def at(asked: Sequence[str]) -> History:
+        if refused is not None:
+            raise ReferenceMissing(refused)
         if list(asked) != roles:
             raise ReferenceMissing(
                 f"the reference recording {folder} ran at {len(roles)} ranks ({', '.join(roles)}), "
@@ -59,18 +96,32 @@ def judge_history(history: History, reference: History | None = None,
                   reference_dir: Path | None = None) -> dict[str, Verdict]:
     """Every registered checker that applies to the recorded ``history``, by name, with the
     production rules of the module docstring."""
-    runs = _reference_runs(reference, reference_dir or Path("reference")) \
-        if reference is not None else None
+    folder = reference_dir or Path("reference")
+    refused = reference_refusal(reference, folder) if reference is not None else None
+    runs = _reference_runs(reference, folder, refused) if reference is not None else None
     ctx = checkers.CheckContext(history, None, reference_runs=runs)
     verdicts = checkers.run_all(ctx)
-    return {name: _production(name, v, history, reference) for name, v in verdicts.items()}
+    return {name: _production(name, v, history, reference, refused)
+            for name, v in verdicts.items()}
 
 
-def _production(name: str, v: Verdict, history: History, reference: History | None) -> Verdict:
+def _production(name: str, v: Verdict, history: History, reference: History | None,
+                refused: str | None) -> Verdict:
     """``v`` as a production recording can support it."""
+    if history.damaged:
+        return v   # not judged, naming the damage (the registry's own words)
+    if name in NEEDS_REFERENCE and refused is not None:
+        # whatever the check made of the refused reference: it cannot stand for a clean run
+        saw = f"; against it the check said: {v.status}: {v.message}" if v.status != UNKNOWN \
+            and v.details.get("exception") is None else ""
+        return Verdict.unknown(name, refused + saw, step=v.step, rank=v.rank,
+                               generation=v.generation,
+                               details={**v.details, "reference": "refused",
+                                        "with_refused_reference": v.status})
     if v.details.get("exception") == ReferenceMissing.__name__:
         return Verdict.unknown(name, str(v.details.get("error")),
-                               details={"reference": "missing at this topology"})
+                               details={"reference": "refused" if refused else
+                                        "missing at this topology"})
     if name in NEEDS_REFERENCE and reference is None:
         saw = f"; without one it saw: {v.status}: {v.message}" if v.status != UNKNOWN else ""
         return Verdict.unknown(

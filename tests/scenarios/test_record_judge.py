@@ -13,9 +13,14 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+
+from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.history.recorded import load_recorded
+from pytest_reshard.session.judge import judge_history
 
 WORKLOAD = Path(__file__).parents[1] / "workloads" / "record_train.py"
 TORCHRUN_S = 240   # two incarnations of two ranks importing torch, on a busy 2-core machine
@@ -109,3 +114,71 @@ def test_a_clean_recording_is_the_reference_for_loss_and_samples(jobs: dict[str,
     checks = verdict["checks"]
     for name in ("loss_continuity", "exactly_once_samples", "no_rewind"):
         assert checks[name]["status"] == "pass", (name, checks[name]["message"])
+
+
+# -- a real SIGTERM under record mode: recorded, and the job ends as it would without the probe --
+
+PREEMPTED = textwrap.dedent("""
+    import signal, sys, time
+    from pytest_reshard.rank import probe
+
+    run = probe.attach(max_rewind_steps=1)
+    stop = []
+    if sys.argv[1] == "own-handler":   # the job's own, installed after attach, as trainers do
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    step = 0
+    while not stop:
+        with run.step(step) as s:
+            s.record(loss=1.0 / (step + 1))
+            if step == 0:
+                print("ready", flush=True)
+            time.sleep(0.05)
+        step += 1
+    print("handled", flush=True)
+    run.close()
+""")
+SIGTERM_S = 60
+
+
+def _preempt(tmp_path: Path, mode: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The script under record mode, sent SIGTERM once it is training."""
+    record = tmp_path / "rec"
+    script = tmp_path / "preempted.py"
+    script.write_text(PREEMPTED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESHARD_")}
+    env.update(RESHARD_RECORD=str(record), RANK="0", WORLD_SIZE="1",
+               TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_RUN_ID="preempt")
+    with subprocess.Popen([sys.executable, str(script), mode], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline()
+            assert first.strip() == "ready", first + proc.stdout.read()
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=SIGTERM_S)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, first + out, ""), record
+
+
+def test_a_sigterm_without_a_handler_of_the_jobs_own_still_kills_it_and_is_recorded(
+        tmp_path: Path) -> None:
+    done, record = _preempt(tmp_path, "default")
+    assert done.returncode == -signal.SIGTERM, done.stdout   # died of it, as without the probe
+    assert "handled" not in done.stdout
+    h = load_recorded(record)
+    assert [(s.signal, s.armed) for s in h.signals()] == [(signal.SIGTERM.name, False)]
+    g = h.generations[0]
+    assert g.cause != Cause.COMPLETE and "after a SIGTERM landed" in g.detail, g.detail
+    assert judge_history(h)["liveness"].status != "pass"
+
+
+def test_a_sigterm_the_job_handles_itself_is_a_preemption_not_complete(tmp_path: Path) -> None:
+    done, record = _preempt(tmp_path, "own-handler")
+    assert done.returncode == 0 and "handled" in done.stdout, done.stdout   # its handler ran
+    h = load_recorded(record)
+    assert [s.signal for s in h.signals()] == [signal.SIGTERM.name]
+    assert h.rank_events(Ev.EXIT)   # it closed
+    g = h.generations[0]
+    assert (g.cause, g.planned) == (Cause.PREEMPT, True), g.detail

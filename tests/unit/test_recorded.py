@@ -17,7 +17,7 @@ from pytest_reshard.history import HistoryError
 from pytest_reshard.history.recorded import (Incarnation, generations_of, load_recorded,
                                              recorded_files)
 from pytest_reshard.rank import probe
-from pytest_reshard.session.judge import judge_history
+from pytest_reshard.session.judge import NEEDS_REFERENCE, judge_history, reference_refusal
 
 
 class Job:
@@ -155,6 +155,52 @@ def test_a_reference_recording_stands_for_the_clean_run(tmp_path: Path) -> None:
         verdicts["exactly_once_samples"].message
 
 
+def test_a_reference_that_restarted_with_the_same_bug_is_refused_not_a_pass(tmp_path: Path) -> None:
+    # the run replays steps 0..3 after its crash; a "reference" that did the same would make
+    # the loss and the samples look right
+    crash_and_resume(tmp_path / "run", resume=0)
+    crash_and_resume(tmp_path / "clean", resume=0)
+    ref = load_recorded(tmp_path / "clean")
+    verdicts = judge_history(load_recorded(tmp_path / "run"), ref, tmp_path / "clean")
+    for name in NEEDS_REFERENCE:
+        v = verdicts[name]
+        assert v.status == "unknown", (name, v.message)
+        assert f"reference recording {tmp_path / 'clean'} cannot stand for a clean run" in v.message
+        assert "2 generations" in v.message, v.message
+        assert v.details["reference"] == "refused"
+    assert verdicts["no_rewind"].status == "fail"   # what needs no reference is judged
+
+
+def test_a_reference_that_crashed_or_replayed_a_step_is_refused(tmp_path: Path) -> None:
+    crashed = Job(tmp_path / "crashed", job="job0")
+    crashed.incarnation(restart=0, resume=0, steps=range(8), crash_at=5)
+    why = reference_refusal(load_recorded(tmp_path / "crashed"), tmp_path / "crashed")
+    assert why is not None and "ended by failure, not complete" in why, why
+    replayed = Job(tmp_path / "replayed", job="job0")
+    replayed.incarnation(restart=0, resume=0, steps=[0, 1, 2, 1, 2, 3, 4, 5, 6, 7])
+    why = reference_refusal(load_recorded(tmp_path / "replayed"), tmp_path / "replayed")
+    assert why is not None and "rank 0 began step 1 more than once" in why, why
+    crash_and_resume(tmp_path / "run", resume=3)
+    verdicts = judge_history(load_recorded(tmp_path / "run"), load_recorded(tmp_path / "crashed"),
+                             tmp_path / "crashed")
+    assert {verdicts[n].status for n in NEEDS_REFERENCE} == {"unknown"}
+
+
+def test_a_damaged_reference_is_refused(tmp_path: Path) -> None:
+    Job(tmp_path / "clean", job="job0").incarnation(restart=0, resume=0, steps=range(8))
+    victim = recorded_files(tmp_path / "clean")[0]
+    victim.write_bytes(victim.read_bytes().replace(b'"loss":', b'"lost":', 1))  # CRC mismatch
+    ref = load_recorded(tmp_path / "clean")
+    assert ref.damaged
+    why = reference_refusal(ref, tmp_path / "clean")
+    assert why is not None and "damaged at" in why and victim.name in why, why
+
+
+def test_a_clean_reference_is_accepted(tmp_path: Path) -> None:
+    Job(tmp_path / "clean", job="job0").incarnation(restart=0, resume=0, steps=range(8))
+    assert reference_refusal(load_recorded(tmp_path / "clean"), tmp_path / "clean") is None
+
+
 def test_a_reference_at_another_size_is_unknown_not_a_guess(tmp_path: Path) -> None:
     crash_and_resume(tmp_path / "run", resume=3)
     Job(tmp_path / "clean", world=1).incarnation(restart=0, resume=0, steps=range(8))
@@ -189,13 +235,31 @@ def test_a_declared_step_count_is_the_target(tmp_path: Path) -> None:
 
 
 def test_two_processes_as_one_rank_of_one_generation_are_damage_not_judged(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = Job(tmp_path)
     job.incarnation(restart=0, resume=0, steps=range(3))
     job.incarnation(restart=0, resume=0, steps=range(3), ranks=[1])
     h = load_recorded(tmp_path)
     assert h.damaged and "second process recorded as rank 1" in h.damaged[0].why
-    assert {v.status for v in judge_history(h).values()} == {"unknown"}
+    verdicts = judge_history(h)
+    assert {v.status for v in verdicts.values()} == {"unknown"}
+    assert all("damaged" in v.message for v in verdicts.values())
+    # could not judge: 2, not 0 (nor --strict's 3), whatever the checks said
+    capsys.readouterr()
+    assert cli.main(["judge", str(tmp_path), "--no-html"]) == 2
+    assert "could not judge" in capsys.readouterr().err
+    assert cli.main(["judge", str(tmp_path), "--no-html", "--strict"]) == 2
+
+
+def test_one_hosts_clock_skew_does_not_reorder_the_generations(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.incarnation(restart=0, resume=0, steps=range(8), crash_at=4, saves=[2])
+    job.t -= 100.0   # the restart's host runs 100 s behind the first one's
+    job.incarnation(restart=1, resume=3, steps=range(3, 8))
+    h = load_recorded(tmp_path)
+    gens = [e["gen"] for e in h.events if "gen" in e]
+    assert gens == sorted(gens), "a generation's events came before the one it followed"
+    assert judge_history(h)["no_rewind"].status == "pass"
 
 
 def test_an_empty_folder_is_an_error_that_says_what_to_record(tmp_path: Path) -> None:
@@ -236,7 +300,7 @@ def test_record_mode_writes_one_file_and_nothing_else(tmp_path: Path) -> None:
     run.close()
     after = (set(threading.enumerate()), signal.getsignal(signal.SIGTERM),
              signal.getsignal(signal.SIGUSR1))
-    assert after == before   # no heartbeat thread, no signal handler
+    assert after == before   # no heartbeat thread; SIGTERM's disposition is back as it was
     files = recorded_files(tmp_path)
     assert len(files) == 1 and RECORD_FILE.fullmatch(files[0].name)
     assert not any(p.suffix == ".hb" for p in tmp_path.iterdir())
@@ -247,6 +311,23 @@ def test_record_mode_writes_one_file_and_nothing_else(tmp_path: Path) -> None:
     assert start["host"] and start["pid"]
     assert next(e for e in events if e["ev"] == "ckpt_save")["digest"] == {}
     assert events[-1]["ev"] == "exit" and events[-1]["code"] == 0
+
+
+def test_record_mode_records_sigterm_in_front_of_the_jobs_own_handler(tmp_path: Path) -> None:
+    # the real signal's outcome (the default kills; a handler runs): test_record_judge.py
+    before = signal.getsignal(signal.SIGTERM)
+    run = probe.Run(record_env(tmp_path))
+    try:
+        assert signal.getsignal(signal.SIGTERM) == run._on_sigterm
+        own = signal.signal(signal.SIGTERM, lambda signum, frame: None)   # the job's, since
+        assert own == run._on_sigterm
+        with run.step(0):   # each step puts the recorder back in front of the job's handler
+            assert signal.getsignal(signal.SIGTERM) == run._on_sigterm
+        run.stop_requested()   # the flag, as under the harness: no loop through itself
+        assert run._previous_sigterm is not run._on_sigterm
+        run.close()
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_record_mode_digests_when_asked(tmp_path: Path) -> None:
