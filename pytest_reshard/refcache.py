@@ -5,7 +5,7 @@ same few for every session. This cache keeps each one under a key made of everyt
 its result, and it is invalid (a miss, so the run happens again) as soon as any of them changes:
 
 - the scenario less its faults (workload, world size and roles, steps, seed, args, backend,
-  phases, limits);
+  limits; not the judging thresholds, the device classes and their throttle);
 - the workload's code: a script's bytes and those of every module it imports from its own folder
   (recursively), or, for a workload run as a module (``lm``, ``dflash``), the source of the whole
   ``pytest_reshard`` package;

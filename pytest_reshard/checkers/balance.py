@@ -4,59 +4,87 @@ Each rank records per step how long it computed (``compute_s``) and how long it 
 step's collectives for the others (``wait_s``), and its samples. When the shares of the work are
 in proportion to each rank's speed, every rank computes about as long as the slowest and nobody
 waits; an uneven split (even shares on mixed devices, a share computed from an old device map)
-shows as one rank idling a large part of every step.
+shows as one rank idling a large part of every step. A rank without timings could be the idle
+one, so a generation is judged only when every rank timed every step judged.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
+from pytest_reshard.contract import STRETCHED
 from pytest_reshard.history import Devices, History
 from pytest_reshard.verdict import Verdict
 
 CHECK = "balance"
 #: The largest part of its steps a rank may idle at the collectives in a balanced world.
 MAX_IDLE = 0.10
+TIMINGS = frozenset({"compute_s", "wait_s"})
+
+
+@dataclass
+class _Step:
+    """One rank's records of one step, summed."""
+
+    compute: float = 0.0
+    wait: float = 0.0
+    samples: int = 0
+    keys: set[str] = field(default_factory=set)   # which of TIMINGS it recorded
 
 
 def balance(history: History, *, max_idle: float = MAX_IDLE) -> Verdict:
     """Every rank of each heterogeneous generation idled at most ``max_idle`` of its step time
-    (``wait_s / (compute_s + wait_s)``, summed over the generation's steps after its first,
-    which pays for warm-up and, in a workload that measures its ranks' speeds, for the
-    measuring). A failure names the idlest rank, its class and its share of the samples."""
+    (``wait_s / (compute_s + wait_s)``, summed over the generation's steps that every rank
+    ended, less its first, which pays for warm-up and, in a workload that measures its ranks'
+    speeds, for the measuring). A failure names the idlest rank, its class and its share of the
+    samples. A rank without timings in one of those steps makes the verdict unknown."""
     devices = history.devices()
     if not devices:
         return Verdict.unknown(CHECK, "not a heterogeneous world: pass devices= to judge balance")
-    stretched = sorted(g for g, d in devices.items() if d.mode != "cgroup")
+    stretched = sorted({g for g, d in devices.items() if d.mode != "cgroup"}
+                       | {n.gen for n in history.notes(STRETCHED) if n.gen in devices})
     if stretched:   # the class's slowness comes after the step's body: compute_s cannot show it
         return Verdict.unknown(CHECK, f"generation {stretched[0]}'s devices were stretched, not "
-                               "capped: a rank's own compute time does not show its class, so "
-                               "shares measured from it cannot be judged (throttle='cgroup', "
-                               "as root, caps them)")
-    per: dict[int, dict[int, list[float]]] = {}   # gen -> rank -> [compute, wait, samples]
-    first: dict[int, int] = {}
+                               "capped (or a rank could not join its cgroup): a rank's own "
+                               "compute time does not show its class, so shares measured from "
+                               "it cannot be judged (throttle='cgroup', as root, caps them)")
+    steps: dict[tuple[int, int, int], _Step] = {}   # (gen, step, rank) -> its records
     for occ, e in history.records():
-        if occ.gen in devices and "compute_s" in e and "wait_s" in e:
-            first[occ.gen] = min(first.get(occ.gen, occ.step), occ.step)
-    for occ, e in history.records():
-        if occ.gen not in first or occ.step == first[occ.gen]:
+        row = steps.setdefault((occ.gen, occ.step, int(e["rank"])), _Step())
+        row.keys |= TIMINGS & e.keys()
+        row.compute += float(e.get("compute_s") or 0.0)
+        row.wait += float(e.get("wait_s") or 0.0)
+        row.samples += len(e.get("samples") or ())
+    judged, untimed, skipped = [], [], []
+    for gen, d in sorted(devices.items()):
+        ranks = range(len(d.classes))
+        begun = history.begun(gen)
+        judge = [s for s in sorted(begun) if s > min(begun)
+                 and set(ranks) <= history.ended_by(gen, s)] if begun else []
+        if not judge:
+            skipped.append(gen)
             continue
-        row = per.setdefault(occ.gen, {}).setdefault(int(e["rank"]), [0.0, 0.0, 0.0])
-        row[0] += float(e.get("compute_s") or 0.0)
-        row[1] += float(e.get("wait_s") or 0.0)
-        row[2] += len(e.get("samples") or ())
-    if not per:
-        return Verdict.unknown(CHECK, "no rank recorded compute_s= and wait_s= in a step after "
-                               "its generation's first: record, each step, the seconds it "
-                               "computed and the seconds it waited at the collectives")
-    judged = []
-    for gen, ranks in sorted(per.items()):
-        d, total = devices[gen], sum(r[2] for r in ranks.values()) or 1.0
+        lacking = {r: n for r in ranks if (n := sum(
+            steps.get((gen, s, r), _Step()).keys != TIMINGS for s in judge))}
+        if lacking:
+            untimed.append((gen, f"generation {gen}: " + ", ".join(
+                f"rank {r} ({d.classes[r]}) recorded no compute_s= and wait_s= in {n}"
+                for r, n in lacking.items()) + f" of the {len(judge)} steps judged (steps "
+                f"{judge[0]}-{judge[-1]}: those after the generation's first that every rank "
+                "ended)"))
+            continue
+        per = {r: [steps[(gen, s, r)] for s in judge] for r in ranks}
+        compute = {r: sum(x.compute for x in per[r]) for r in ranks}
+        wait = {r: sum(x.wait for x in per[r]) for r in ranks}
+        samples = {r: sum(x.samples for x in per[r]) for r in ranks}
+        total = sum(samples.values()) or 1
 
-        def who(rank: int, d: Devices = d, ranks: dict[int, list[float]] = ranks,
-                total: float = total) -> str:
-            return (f"rank {rank} ({d.classes[rank] if rank < len(d.classes) else '?'}, "
-                    f"{ranks[rank][2] / total:.0%} of the samples)")
-        idle = {r: (w / (c + w) if c + w > 0 else 0.0) for r, (c, w, _) in ranks.items()}
+        def who(rank: int, d: Devices = d, samples: dict[int, int] = samples,
+                total: int = total) -> str:
+            return f"rank {rank} ({d.classes[rank]}, {samples[rank] / total:.0%} of the samples)"
+        idle = {r: wait[r] / (compute[r] + wait[r]) if compute[r] + wait[r] > 0 else 0.0
+                for r in ranks}
         worst, slowest = max(idle, key=lambda r: idle[r]), min(idle, key=lambda r: idle[r])
         if idle[worst] > max_idle:
             return Verdict.failed(
@@ -66,8 +94,20 @@ def balance(history: History, *, max_idle: float = MAX_IDLE) -> Verdict:
                 f"({', '.join(f'{c} {s:g}' for c, s in dict(zip(d.classes, d.speeds)).items())})",
                 rank=worst, generation=gen)
         judged.append(f"generation {gen}: at most {idle[worst]:.0%} idle ("
-                      + ", ".join(who(r) for r in sorted(ranks)) + ")")
-    return Verdict.passed(CHECK, "; ".join(judged))
+                      + ", ".join(who(r) for r in ranks) + ")")
+    if untimed:
+        return Verdict.unknown(
+            CHECK, "; ".join(why for _, why in untimed) + ": a rank without timings may be "
+            "the one idling; record, each step, on every rank, s.record(compute_s=seconds "
+            "computing, wait_s=seconds waiting at the collectives)",
+            generation=untimed[0][0])
+    if not judged:
+        return Verdict.unknown(CHECK, f"no generation of the device mix (generations "
+                               f"{', '.join(map(str, skipped))}) had a step after its first that "
+                               "every rank ended: nothing to judge balance on")
+    return Verdict.passed(CHECK, "; ".join(judged) + "".join(
+        f"; generation {g}: no step after its first that every rank ended, not judged"
+        for g in skipped))
 
 
 @register(CHECK, column="bal", assertion="assert_balanced",

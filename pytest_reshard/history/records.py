@@ -363,7 +363,8 @@ class Abort:
 @dataclass(frozen=True)
 class Devices:
     """A heterogeneous world's generation (``Scenario.devices``): each rank's device class, its
-    speed relative to the run's fastest, and how that was made real (``cgroup``, ``stretch``)."""
+    speed relative to an H100 (``devices.REFERENCE``, the same in every generation), and how that
+    was made real (``cgroup``, ``stretch``)."""
 
     gen: int
     classes: tuple[str, ...]

@@ -21,6 +21,13 @@ from pytest_reshard.supervisor.scenario import Scenario
 __all__ = ["ReferenceRuns", "KILL_GRACE_S", "usable_cpus", "concurrent_reference_ok"]
 
 
+#: Scenario settings a clean run does not use: judging thresholds (the chaos run's), the
+#: throttle of device classes and the fault points of a schedule, both of which it runs without.
+#: Its scenario has their defaults, so that scenarios differing only in them share one run.
+UNUSED = ("throttle", "max_idle", "min_throughput", "phases")
+UNUSED_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Scenario) if f.name in UNUSED}
+
+
 class ReferenceRuns:
     """The reference-run half of ``Session`` (a mixin: it runs its references through the
     session's ``execute`` and its shared fork launchers)."""
@@ -43,9 +50,10 @@ class ReferenceRuns:
     def reference(self, scenario: Scenario, roles: Sequence[str]) -> History:
         """A fault-free run of the same workload, seed and data with these ranks' roles (cached).
 
-        It runs under the scenario's own settings (hang and stall limits, memory budget, phases)
-        less the faults, so that what the chaos run is judged against ran as it did; every
-        setting but the timeout and the launcher keys the cache."""
+        It runs under the scenario's own settings (hang and stall limits, memory budget) less
+        the faults and device classes, so that what the chaos run is judged against ran as it
+        did; every setting but the timeout, the launcher and those it does not use (``UNUSED``)
+        keys the cache."""
         key, clean, shape = self._clean(scenario, roles)
         if key not in self._references:
             if key in self._pending:  # started with the chaos run: wait for it (bounded)
@@ -62,7 +70,7 @@ class ReferenceRuns:
         clean = dataclasses.replace(scenario, world_size=len(roles), roles=list(roles),
                                     schedule=Schedule(scenario.schedule.seed),
                                     args=list(scenario.args), launcher=on or scenario.launcher,
-                                    devices=None)
+                                    devices=None, **UNUSED_DEFAULTS)
         shape = {k: v for k, v in clean.to_dict().items() if k not in ("timeout_s", "launcher")}
         key = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
         return key, clean, shape

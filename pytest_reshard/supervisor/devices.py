@@ -3,17 +3,23 @@
 ``Scenario.devices`` names each rank's class (``{"h100": 2, "a100": 1, "l40s": 1}`` or a list).
 On CPU a class's speed becomes a cap on the rank's CPU time: its share of this machine's CPUs
 (``0.5 * cpus / world_size``: the rest for the harness and the machine's own work, so that a
-rank's rate does not swing with them) times the class's speed relative to the fastest class of
-the run. The cap
-is a cgroup's CPU quota (``cpu.max`` on cgroup v2, ``cpu.cfs_quota_us`` on v1) where this
-process may make cgroups (root), which the rank joins as it attaches; elsewhere the probe
-*stretches* each step instead, sleeping ``(1 / speed - 1)`` times the step's own time after it,
-as a host thread waits on a slower device. ``Throttle.mode`` says which, and the history records
-it with each generation's classes (``Ev.DEVICES``).
+rank's rate does not swing with them) times the class's speed relative to the fastest known class
+(``REFERENCE``, an H100). The reference is the same in every generation and every run: relative
+to each generation's own fastest class, a generation after a change of the mix that lost its
+fastest class would run at full speed and its slowdown would disappear; relative to the fastest
+class the schedule ever brings in, dropping a change of the mix (as shrinking does) would change
+the caps of the generations before it. The cap is a cgroup's CPU quota (``cpu.max`` on cgroup
+v2, ``cpu.cfs_quota_us`` on v1) where this process may make cgroups (root), which the rank joins
+as it attaches; elsewhere the probe *stretches* each step instead, sleeping ``(1 / speed - 1)``
+times the step's own time after it, as a host thread waits on a slower device. ``Throttle.mode``
+says which, and the history records it with each generation's classes (``Ev.DEVICES``).
 
 What it models: a rank that computes slower, so its peers wait for it at every collective.
 What it does not: memory bandwidth, NVLink or PCIe, a device's own memory size (recorded, not
 enforced), and, with the cgroup cap, it slows the rank's communication as much as its compute.
+A cap under the kernel's smallest quota (``QUOTA_MIN_US`` per period: many slow ranks on few
+CPUs) is raised to it: the ``cpus`` recorded are the caps enforced, and ``why`` names the ranks
+that run faster than their class.
 """
 from __future__ import annotations
 
@@ -25,11 +31,14 @@ from typing import Any, Mapping, Sequence
 from pytest_reshard import procfs
 from pytest_reshard.contract import DEVICE_CLASSES
 
-__all__ = ["MODES", "Throttle", "expand_devices", "next_devices"]
+__all__ = ["MODES", "REFERENCE", "Throttle", "expand_devices", "next_devices"]
 
 
 CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 10_000   # short, so that a short step feels its cap as a slower rate
+QUOTA_MIN_US = 1000  # the kernel refuses a smaller CPU quota (cgroup v1 and v2)
+#: The speed every class is relative to, in every generation and every run: the fastest known.
+REFERENCE = max(c.speed for c in DEVICE_CLASSES.values())
 
 
 def expand_devices(spec: Sequence[str] | Mapping[str, int], world_size: int) -> list[str]:
@@ -76,23 +85,28 @@ class Throttle:
 
     def plan(self, gen: int, devices: Sequence[str]) -> dict[str, Any]:
         """The generation's ``devices`` entry of its plan: each rank's class, speed (relative
-        to the fastest class of the run) and, under cgroups, the group it joins."""
-        fastest = max(DEVICE_CLASSES[d].speed for d in devices)
-        speeds = [round(DEVICE_CLASSES[d].speed / fastest, 4) for d in devices]
+        to ``REFERENCE``) and, under cgroups, the CPUs it may use and the group that caps it."""
+        speeds = [round(DEVICE_CLASSES[d].speed / REFERENCE, 4) for d in devices]
         entry: dict[str, Any] = {"classes": list(devices), "speeds": speeds, "mode": self.mode,
                                  "why": self.why}
         if self.root is not None:   # half the CPUs left to the harness and the machine
             share = 0.5 * self.cpus / len(devices)
-            entry["cgroups"] = [str(self._group(gen, r, speed * share))
-                                for r, speed in enumerate(speeds)]
-            entry["cpus"] = [round(speed * share, 4) for speed in speeds]
+            quotas = [quota_us(speed * share) for speed in speeds]
+            entry["cgroups"] = [str(self._group(gen, r, q)) for r, q in enumerate(quotas)]
+            entry["cpus"] = [q / PERIOD_US for q in quotas]
+            raised = [r for r, speed in enumerate(speeds) if speed * share * PERIOD_US < QUOTA_MIN_US]
+            if raised:
+                entry["why"] = (f"rank{'s' if len(raised) > 1 else ''} "
+                                f"{', '.join(map(str, raised))} capped at the kernel's smallest "
+                                f"quota ({QUOTA_MIN_US / PERIOD_US:g} CPUs), faster than "
+                                f"{'their class' if len(raised) > 1 else 'its class'}: run fewer "
+                                f"ranks or give the run more CPUs")
         return entry
 
-    def _group(self, gen: int, rank: int, cpus: float) -> Path:
+    def _group(self, gen: int, rank: int, quota: int) -> Path:
         assert self.root is not None
         group = self.root / f"g{gen}-r{rank}"
         group.mkdir(exist_ok=True)
-        quota = max(1000, int(cpus * PERIOD_US))
         if self.v1:
             (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (group / "cpu.cfs_quota_us").write_text(str(quota))
@@ -111,6 +125,12 @@ class Throttle:
         with contextlib.suppress(OSError):
             self.root.rmdir()
         self.root = None
+
+
+def quota_us(cpus: float) -> int:
+    """The CPU quota per ``PERIOD_US`` that caps a rank at ``cpus``, no less than the kernel
+    takes."""
+    return max(QUOTA_MIN_US, int(cpus * PERIOD_US))
 
 
 def _cgroup_root(run_id: str) -> tuple[Path | None, bool, str]:

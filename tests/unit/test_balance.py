@@ -1,0 +1,102 @@
+"""balance on hand-built histories: a rank without timings is never taken for a balanced one."""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from pytest_reshard.checkers.balance import balance
+from pytest_reshard.contract import Ev
+from pytest_reshard.verdict import FAIL, PASS, UNKNOWN
+from tests.histories import Builder
+
+MIX = ["h100", "a100"]
+
+
+def _gen(b: Builder, steps: range, idle: Mapping[int, float], *, classes: Sequence[str] = MIX,
+         untimed: Mapping[int, Sequence[int]] | None = None, resume: int = 0) -> int:
+    """A generation of ``classes`` running ``steps``: rank r idles ``idle[r]`` of each step and
+    records no timings in the steps ``untimed[r]`` (every step when it is ``steps``)."""
+    gen = b.next_gen
+    b.sup(Ev.DEVICES, gen=gen, classes=list(classes), speeds=[1.0] * len(classes),
+          mode="cgroup", why="")
+    b.gen(world_size=len(classes), run=steps, resume=resume, samples=lambda *_: None)
+    for step in steps:
+        for rank in range(len(classes)):
+            timings = {} if step in (untimed or {}).get(rank, ()) else \
+                {"compute_s": 1.0 - idle[rank], "wait_s": idle[rank]}
+            b.rank(gen, rank, Ev.RECORD, step=step, samples=[rank], **timings)
+    return gen
+
+
+def test_every_rank_timed_and_balanced_passes():
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.05, 1: 0.0})
+    v = balance(b.history())
+    assert v.status == PASS and v.message.startswith("generation 0: at most 5% idle"), v.message
+
+
+def test_an_unbalanced_world_fails_naming_the_idlest_rank():
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.4, 1: 0.0})
+    v = balance(b.history())
+    assert v.status == FAIL and (v.rank, v.generation) == (0, 0), v.message
+    assert v.message.startswith("generation 0: rank 0 (h100, 50% of the samples) idled 40%"), v
+
+
+def test_a_rank_without_timings_makes_the_verdict_unknown_not_a_pass():
+    """Rank 1 (the fast one here) idles 90% but records no timings: judging rank 0 alone passed."""
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.0, 1: 0.9}, untimed={1: range(4)})
+    v = balance(b.history())
+    assert v.status == UNKNOWN and v.generation == 0, v.message
+    assert v.message.startswith("generation 0: rank 1 (a100) recorded no compute_s= and wait_s= "
+                                "in 3 of the 3 steps judged (steps 1-3"), v.message
+    assert "record, each step, on every rank" in v.message
+
+
+def test_a_rank_timed_in_only_some_steps_is_unknown():
+    b = Builder(steps=6)
+    _gen(b, range(6), {0: 0.0, 1: 0.0}, untimed={0: [3, 4]})
+    v = balance(b.history())
+    assert v.status == UNKNOWN and "rank 0 (h100) recorded no compute_s= and wait_s= in 2 of the " \
+        "5 steps judged" in v.message, v.message
+
+
+def test_an_untimed_generation_after_a_change_of_the_mix_is_unknown():
+    """Generation 0 timed and balanced; generation 1 (a new mix) recorded no timings at all."""
+    b = Builder(steps=8, world_size=2)
+    _gen(b, range(4), {0: 0.0, 1: 0.0})
+    _gen(b, range(4, 8), {0: 0.5, 1: 0.5, 2: 0.5}, classes=["l40s"] * 3, resume=4,
+         untimed={r: range(4, 8) for r in range(3)})
+    v = balance(b.history())
+    assert v.status == UNKNOWN and v.generation == 1, v.message
+    assert v.message.count("recorded no compute_s=") == 3, v.message
+
+
+def test_a_failing_generation_fails_even_beside_an_untimed_one():
+    b = Builder(steps=8)
+    _gen(b, range(4), {0: 0.0, 1: 0.0}, untimed={1: range(4)})
+    _gen(b, range(4, 8), {0: 0.5, 1: 0.0}, resume=4)
+    v = balance(b.history())
+    assert v.status == FAIL and v.generation == 1, v.message
+
+
+def test_a_generation_without_a_step_after_its_first_is_not_judged():
+    b = Builder(steps=8)
+    _gen(b, range(0, 1), {0: 0.9, 1: 0.0})      # ended after its first step: nothing to judge
+    only = balance(b.history())
+    assert only.status == UNKNOWN and "nothing to judge" in only.message, only.message
+    _gen(b, range(1, 8), {0: 0.02, 1: 0.0}, resume=1)
+    v = balance(b.history())
+    assert v.status == PASS and "generation 0: no step after its first that every rank ended, " \
+        "not judged" in v.message, v.message
+
+
+def test_a_rank_that_could_not_join_its_cgroup_makes_the_verdict_unknown():
+    """It stretched its steps instead (a note): its compute time no longer shows its class."""
+    from pytest_reshard.contract import STRETCHED
+
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.05, 1: 0.0})
+    b.rank(0, 1, Ev.NOTE, what=STRETCHED, why="joining /sys/fs/cgroup/cpu/x failed")
+    v = balance(b.history())
+    assert v.status == UNKNOWN and "could not join its cgroup" in v.message, v.message
