@@ -93,7 +93,7 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
                     for e in events if name_of(e) == Ev.FILE), key=lambda e: e.t)
     cut = next((e.t for e in trail if e.killed == FileKill.POWER), None)
     files: dict[str, _File] = {}
-    renames: list[list[Any]] = []          # [src, dst, kept, durable]
+    renames: list[list[Any]] = []          # [src, dst, kept, durable, what it replaced]
     undo = Undo()
     for e in trail:
         if e.killed == FileKill.POWER or (e.killed == FileKill.BEFORE and e.op != FileOp.CLOSE):
@@ -129,15 +129,16 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
                 f.durable = int(e.size if e.size is not None else e.written or 0)
                 f.named, f.dirty = True, False
         elif op == FileOp.RENAME and e.dst and e.dst != OUTSIDE and path != OUTSIDE:
+            replaced = {p: files.pop(p) for p in [p for p in files if _under(p, e.dst)]}
             for p in [p for p in files if _under(p, path)]:
                 files[_moved(p, path, e.dst)] = files.pop(p)
-            renames.append([path, e.dst, e.kept, False])
+            renames.append([path, e.dst, e.kept, False, replaced])
         elif op in (FileOp.UNLINK, FileOp.RMTREE, FileOp.RMDIR):
             for p in [p for p in files if _under(p, path)]:
                 del files[p]
         elif op in _UNMODELLED:
             undo.not_judged.append(f"{op} {path}: not undone")
-    for src, dst, kept, durable in reversed(renames):
+    for src, dst, kept, durable, replaced in reversed(renames):
         if durable:
             continue
         undo.renames.append((dst, src, kept))
@@ -145,6 +146,7 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
                             "never fsynced after it: the rename is undone"
         for p in [p for p in files if _under(p, dst)]:
             files[_moved(p, dst, src)] = files.pop(p)
+        files.update(replaced)   # back, as durable as it was: its own unsynced bytes are lost
     for path, f in sorted(files.items()):
         if f.raw:
             undo.not_judged.append(f"{path}: written through a raw descriptor, its bytes unseen")

@@ -27,6 +27,28 @@ def test_an_unsynced_file_is_removed_and_an_unsynced_folder_undoes_its_renames_n
     assert "the rename is undone" in undo.reasons["m"]
 
 
+def test_a_file_an_undone_rename_brings_back_is_as_durable_as_it_was():
+    """The older save, renamed into place and its folder synced, but its data never: when the
+    newer save's rename is undone, what comes back is that older file, and it is empty."""
+    undo = undo_of([ev(1, "open", "d/m.tmp"), ev(2, "write", "d/m.tmp"),
+                    ev(3, "close", "d/m.tmp", size=10), ev(4, "rename", "d/m.tmp", dst="d/m"),
+                    ev(5, "fsync", "d", folder=True),
+                    ev(6, "open", "d/m.tmp"), ev(7, "write", "d/m.tmp"),
+                    ev(8, "close", "d/m.tmp", size=10),
+                    ev(9, "rename", "d/m.tmp", dst="d/m", kept="k1"),
+                    ev(10, "fsync", "d", folder=True, killed="power")])
+    assert undo.renames == [("d/m", "d/m.tmp", "k1")]
+    assert undo.cut == {"d/m": 0} and undo.removed == ["d/m.tmp"]
+    # synced before the newer save: it comes back whole
+    synced = undo_of([ev(1, "open", "d/m.tmp"), ev(2, "write", "d/m.tmp"),
+                      ev(3, "fsync", "d/m.tmp", size=10), ev(4, "rename", "d/m.tmp", dst="d/m"),
+                      ev(5, "fsync", "d", folder=True),
+                      ev(6, "open", "d/m.tmp"), ev(7, "write", "d/m.tmp"),
+                      ev(9, "rename", "d/m.tmp", dst="d/m", kept="k1"),
+                      ev(10, "fsync", "d", folder=True, killed="power")])
+    assert synced.cut == {} and synced.removed == ["d/m.tmp"]
+
+
 def test_data_after_the_last_fsync_and_after_the_cut_is_lost_and_a_rewritten_old_file_is_empty():
     undo = undo_of([ev(1, "open", "a", existed=7, append=True), ev(2, "write", "a"),
                     ev(3, "open", "b", existed=9), ev(4, "write", "b"),
