@@ -135,6 +135,45 @@ def _preempt_kinds() -> set[str]:
     return out
 
 
+def _trained_alone(history: History) -> list[dict[str, Any]]:
+    """Ranks that ended steps no peer of their role ended, more than one past the last step they
+    all ended. In a fixed world a step needs every rank's collectives, so a rank that goes on
+    alone swallowed the error that should have stopped it (an aborted or failed collective, then
+    ignored): what it trains is nobody's model. Membership mode, whose replica groups rightly go
+    on without each other, is left out."""
+    if history.member_events():
+        return []
+    problems: list[dict[str, Any]] = []
+    for g in history.generations:
+        steps = sorted(history.ended(g))
+        ended: dict[int, set[int]] = {}
+        for s in steps:
+            for r in history.ended_by(g, s):
+                ended.setdefault(r, set()).add(s)
+        roles: dict[str, set[int]] = {}
+        for r in history.starts(g):
+            roles.setdefault(history.role(g, r), set()).add(r)
+        for role, ranks in roles.items():
+            if len(ranks) < 2:
+                continue
+            together = [s for s in steps if ranks <= history.ended_by(g, s)]
+            base = together[-1] if together else min(steps, default=0) - 1
+            for r in sorted(ranks):
+                alone = sorted(s for s in ended.get(r, ()) if s > base + 1)
+                if not alone:
+                    continue
+                others = ", ".join(str(x) for x in sorted(ranks - {r}))
+                last = f"up to step {base}" if together else "no step"
+                problems.append({
+                    "message": f"rank {r} (role {role}) of generation {g} ended steps "
+                               f"{_ranges(alone)} that rank{'s' if len(ranks) > 2 else ''} "
+                               f"{others} never ended (all of them ended {last}): it trained on "
+                               "without its peers, past an error it swallowed (a failed or "
+                               "aborted collective)",
+                    "step": alone[0], "rank": r, "generation": g, "fault": None})
+    return problems
+
+
 def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:
     """Ranks that began steps after the one in flight when a preemption's SIGTERM reached them.
 
@@ -327,6 +366,7 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
                              "step": d.step,
                              "rank": d.rank, "generation": d.gen, "fault": None})
     problems.extend(_trained_after_sigterm(history))
+    problems.extend(_trained_alone(history))
     described = {(p["generation"], p["rank"]) for p in problems}
     for n in history.notes(NOT_INJECTED):
         if (n.gen, n.rank) not in described:  # a death is said with its detection above

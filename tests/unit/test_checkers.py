@@ -975,3 +975,17 @@ def test_a_stall_shows_the_stacks_file_with_the_workloads_own_frames(tmp_path) -
         'all_gather_single <- File "/job/train.py", line 51 in step <- File "/job/train.py", '
         'line 90 in <module> (1 library frame left out)')
     assert _stack(tmp_path, 0, 1) == ""      # no dump, and no log
+
+
+def test_liveness_fails_a_rank_that_trained_on_without_its_peers() -> None:
+    """Rank 1 ended steps 6 and 7 that rank 0 never ended (one step past the last common one is
+    a death mid-step, as in a kill): in a fixed world it swallowed a failed collective."""
+    b = Builder(steps=10)
+    b.gen(run=range(5), partial={5: [1], 6: [1], 7: [1]}, cause="failure")
+    b.gen(resume=5, run=range(5, 10))
+    v = liveness(b.history())
+    assert v.status == "fail", v
+    assert v.message.startswith("rank 1 (role trainer) of generation 0 ended steps 6..7 that "
+                                "rank 0 never ended (all of them ended up to step 4)"), v.message
+    assert (v.rank, v.step, v.generation) == (1, 6, 0)
+    assert liveness(killed_run(resume=10).history()).status == "pass"   # one step past: a kill

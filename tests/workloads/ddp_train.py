@@ -8,10 +8,12 @@ returns, its locals (the DDP model, whose reducer holds the last reference to th
 group once ``destroy_process_group`` dropped the others) are freed in a live interpreter.
 """
 import argparse
+import functools
 import os
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,11 +35,25 @@ def main() -> None:
     p.add_argument("--retry-comm-errors", action="store_true",
                    help="BUG: a failed all-reduce is retried forever, though its group is gone "
                         "(what a job that swallows a communicator abort does)")
+    p.add_argument("--skip-comm-errors", action="store_true",
+                   help="BUG: a failed collective is skipped and the step goes on with what the "
+                        "rank has (what a job that swallows a communicator abort and trains on "
+                        "alone does)")
     args = p.parse_args()
 
     run = probe.attach(max_rewind_steps=args.ckpt_every)
     run.stop_requested()  # SIGTERM sets a flag from here on
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+
+    def collective(fn: Any, *a: Any) -> None:
+        try:
+            fn(*a)
+        except (RuntimeError, ValueError) as e:
+            if not args.skip_comm_errors:
+                raise
+            print(f"{getattr(fn, '__name__', 'a collective')} failed ({str(e)[:80]}); going on",
+                  flush=True)
+
     rank, world = dist.get_rank(), dist.get_world_size()
     workdir = run.workdir or Path("ddp-work")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +85,7 @@ def main() -> None:
             os.replace(tmp, ckpt)
             run.checkpoint_saved(step, {"model": probe.digest(net.state_dict()),
                                         "step": probe.digest(step)})
-        dist.barrier()
+        collective(dist.barrier)
 
     per_rank = GLOBAL_BATCH // world
     for step in range(start, args.steps):
@@ -81,13 +97,13 @@ def main() -> None:
             loss = torch.nn.functional.mse_loss(model(inputs[ids]), targets[ids])
             s.point("backward")
             opt.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients in its hooks
+            collective(loss.backward)  # DDP all-reduces the gradients in its hooks
             s.point("optimizer")
             opt.step()
             global_loss = loss.detach().clone()
             while True:
                 try:
-                    dist.all_reduce(global_loss)
+                    collective(dist.all_reduce, global_loss)
                     break
                 except (RuntimeError, ValueError) as e:
                     if not args.retry_comm_errors:
@@ -96,7 +112,7 @@ def main() -> None:
                     time.sleep(0.5)
             s.record(loss=global_loss.item() / world)
         stop = torch.tensor(float(bool(run.reshard_requested() or run.stop_requested())))
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+        collective(functools.partial(dist.all_reduce, op=dist.ReduceOp.MAX), stop)
         if stop.item() or (step + 1) % args.ckpt_every == 0:
             save(step)
         if stop.item():
@@ -105,7 +121,7 @@ def main() -> None:
     run.close()
     if args.abort_after_close:
         dist.barrier()  # every rank has closed: torchrun's agent may now stop the others
-    dist.destroy_process_group()
+    collective(dist.destroy_process_group)
     if args.abort_after_close:
         # Stands for a teardown that aborts at interpreter exit, after the ranks closed.
         (workdir / f"aborted-g{run.generation}-r{rank}").touch()
