@@ -332,7 +332,8 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
                 state.live.finish()
         from pytest_reshard.reports.table import summary_row
 
-        state.rows.append(summary_row(result, worker=state.layout.worker if state.layout else None))
+        state.rows.append(summary_row(result, worker=state.layout.worker if state.layout else None,
+                                      swept="file_point" in request.fixturenames))
         state.png_skipped = harness.png_skipped
         record_property("reshard_verdict", result.verdict.status)
         record_property("reshard_schedule_hash", scenario.schedule.hash)

@@ -34,8 +34,10 @@ def columns_of(rows: Sequence[Row]) -> list[tuple[str, str]]:
     return checkers.columns([c for r in rows for c in r["checks"]], headers)
 
 
-def summary_row(result: Any, worker: str | None = None) -> dict[str, Any]:
-    """A scenario's line of the summary as JSON-able data (what an xdist worker sends back)."""
+def summary_row(result: Any, worker: str | None = None, *, swept: bool = False) -> dict[str, Any]:
+    """A scenario's line of the summary as JSON-able data (what an xdist worker sends back);
+    ``swept``: a point of a file-event sweep (the ``file_point`` fixture), for its matrix. A
+    test of its own that kills at a file event is not one: it may expect a failure."""
     return {"name": result.name, "faults": result.scenario.schedule.describe(),
             "status": str(result.verdict.status), "wall_s": round(float(result.wall_s), 3),
             "replay": result.replay, "schedule_hash": result.scenario.schedule.hash,
@@ -44,7 +46,7 @@ def summary_row(result: Any, worker: str | None = None) -> dict[str, Any]:
             "columns": {c: _header(c) for c in result.verdicts},
             "run_dir": str(result.run_dir),
             "report": str(result.report) if getattr(result, "report", None) else None,
-            "worker": worker, "file_point": file_point(result)}
+            "worker": worker, "file_point": file_point(result) if swept else None}
 
 
 def file_point(result: Any) -> dict[str, Any] | None:
