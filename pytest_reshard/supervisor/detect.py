@@ -42,8 +42,10 @@ def record_detection(loop: Watch, kind: Detected, rank: int, *, expected: bool,
             Detected.STOPPED: f"rank {rank} stopped responding {where}",
             Detected.STALLED: f"no rank made progress for {loop.sc.stall_s:.0f} s; rank "
                               f"{rank} was last seen {where}",
-            Detected.EXITED_EARLY: f"rank {rank} exited with code 0 {where} without a "
-                                   "planned event",
+            Detected.EXITED_EARLY: (f"rank {rank} exited with code 0 {where} without a "
+                                    "planned event" if not code else
+                                    f"rank {rank} closed its run {where}, then exited with code "
+                                    f"{code}, without a planned event"),
             Detected.PARTITIONED: f"rank {rank} was partitioned {where}: its node, cut off "
                                   "the network, was fenced once a peer failed",
             }[kind] + f" (generation {loop.gen})"
