@@ -138,6 +138,7 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
                 del files[p]
         elif op in _UNMODELLED:
             undo.not_judged.append(f"{op} {path}: not undone")
+    back: set[str] = set()                 # files an undone rename brought back
     for src, dst, kept, durable, replaced in reversed(renames):
         if durable:
             continue
@@ -147,16 +148,24 @@ def undo_of(events: Iterable[dict[str, Any]]) -> Undo:
         for p in [p for p in files if _under(p, dst)]:
             files[_moved(p, dst, src)] = files.pop(p)
         files.update(replaced)   # back, as durable as it was: its own unsynced bytes are lost
+        back.update(replaced)
     for path, f in sorted(files.items()):
         if f.raw:
             undo.not_judged.append(f"{path}: written through a raw descriptor, its bytes unseen")
-        elif f.durable is None and not f.named:
+            continue
+        if f.durable is None and not f.named:
             undo.removed.append(path)
-            undo.reasons.setdefault(path, f.why_lost)
+            why = f.why_lost
         elif f.dirty:
             undo.cut[path] = f.durable or 0
-            undo.reasons.setdefault(path, "never fsynced: left empty" if not f.durable else
-                                    f"written after its last fsync at {f.durable} bytes")
+            why = ("never fsynced: left empty" if not f.durable else
+                   f"written after its last fsync at {f.durable} bytes")
+        else:
+            continue
+        said = undo.reasons.get(path)
+        undo.reasons[path] = why if said is None else \
+            f"{said}; the file it had replaced comes back, and that one was {why}" \
+            if path in back else said
     return undo
 
 

@@ -39,6 +39,8 @@ def test_a_file_an_undone_rename_brings_back_is_as_durable_as_it_was():
                     ev(10, "fsync", "d", folder=True, killed="power")])
     assert undo.renames == [("d/m", "d/m.tmp", "k1")]
     assert undo.cut == {"d/m": 0} and undo.removed == ["d/m.tmp"]
+    assert undo.reasons["d/m"].endswith("the rename is undone; the file it had replaced comes "
+                                        "back, and that one was never fsynced: left empty")
     # synced before the newer save: it comes back whole
     synced = undo_of([ev(1, "open", "d/m.tmp"), ev(2, "write", "d/m.tmp"),
                       ev(3, "fsync", "d/m.tmp", size=10), ev(4, "rename", "d/m.tmp", dst="d/m"),
