@@ -455,12 +455,12 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
     if unseen:
         return Verdict.unknown(check, _summarise(unseen), details=details)
     found = history.detections()
-    said = "; ".join(f"{_short(d)}, noticed after {d.latency_s:.2f} s"
-                     if d.latency_s is not None else _short(d) for d in found[:3])
+    briefly = "; ".join(f"{_short(d)}, noticed after {d.latency_s:.2f} s"
+                        if d.latency_s is not None else _short(d) for d in found[:3])
     more = f"; {len(found) - 3} more" if len(found) > 3 else ""
     return Verdict.passed(check, f"reached step {target} in generation {final.gen}; "
                           f"{len(found)} detection{'' if len(found) == 1 else 's'}"
-                          f"{f' ({said}{more})' if found else ''}, all explained by scheduled "
+                          f"{f' ({briefly}{more})' if found else ''}, all explained by scheduled "
                           "faults; every scheduled fault fired", details=details)
 
 
