@@ -12,7 +12,8 @@ generation's topology:
   steps before the first fault are a repeat of the clean run for free: where they differ, the
   workload is not deterministic at one size (NCCL, atomics, threads), the same-size floor is
   ``SPREAD_FACTOR`` times the largest measured difference, and beyond it the verdict is
-  ``unknown`` rather than fail. With no such steps a gloo run is taken as bit-exact, others not.
+  ``unknown`` rather than fail. With no such steps, or in a heterogeneous world (whose clean run
+  ran at even shares, so its steps are no repeat), a gloo run is taken as bit-exact, others not.
 - **Several topologies on the path** (a reshard): reduction order differs, so the floor at step
   ``s`` is the running maximum, up to ``s``, of the difference between the clean runs at the
   path's topologies, and the tolerance is ``SPREAD_FACTOR`` floors. That floor only means
@@ -328,10 +329,11 @@ class _Case:
         first_ref = refs.get(self.first_topo, {})
         self.window = {s: abs(loss - first_ref[s]) for s, (occ, loss) in run.items()
                        if occ.gen == self.first_gen and s < first_fault and s in first_ref}
-        if self.window:
+        if self.window and not history.devices():
             self.exact = all(d <= ROUNDING_FLOOR * abs(first_ref[s])
                              for s, d in self.window.items())
-        elif deterministic is not None:
+        elif deterministic is not None:   # a device mix's window is not a repeat of the clean
+            # run (that one ran at even shares): what differs there may be the mix's own bug
             self.exact = deterministic
         else:
             self.exact = (history.scenario.backend if history.scenario else "gloo") == "gloo"

@@ -105,7 +105,8 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
     (``references``), failing below a declared ``min_fraction`` of it (undeclared: measured and
     reported only, since a rate over a few short steps on a shared CPU runner swings by 2x);
     and, needing no reference and immune to load, every rank of a role doing at least
-    ``min_share`` of the role's mean work, so a pool that silently shrank fails (ranks alive and
+    ``min_share`` of the role's mean work (of its device class's share, in a device mix), so a
+    pool that silently shrank fails (ranks alive and
     idle: drafter GPUs that sat at 0% utilisation while alive, after two of three drafters died
     silently). The message names the bottleneck: the role that waited least on
     the other."""
@@ -116,6 +117,7 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
     measured: list[str] = []
     failures: list[tuple[int, str, int | None]] = []
     worked = 0  # generations whose ranks' shares of the work were judged
+    devices = history.devices()
     for gen, g in sorted(history.generations.items()):
         rates = {role: rate for role in dict.fromkeys(g.roles)
                  if (rate := role_rate(history, gen, role)) is not None}
@@ -132,12 +134,21 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
                 continue
             worked += 1
             mean = sum(work.values()) / len(work)
-            idle = sorted(rank for rank, n in work.items() if n < min_share * mean)
+            # in a device mix a rank's share follows its class's speed: a slow class's small
+            # share is the balance, not a rank gone idle
+            d = devices.get(gen)
+            speed = {r: d.speeds[r] for r in work} if d and len(d.speeds) == len(g.roles) else {}
+            due = {r: sum(work.values()) * speed[r] / sum(speed.values()) if speed else mean
+                   for r in work}
+            idle = sorted(rank for rank, n in work.items() if n < min_share * due[rank])
             if idle and len(work) > 1:
+                than = (f"their device classes' shares of the {role} work were "
+                        f"{', '.join(f'{due[i]:.0f}' for i in idle)}" if speed else
+                        f"the {role} ranks averaged {mean:.0f}")
                 failures.append((gen, f"generation {gen} ({topo}): {role} rank{'s' if len(idle) > 1 else ''} "
                                  f"{', '.join(map(str, idle))} processed "
-                                 f"{', '.join(f'{work[i]:.0f}' for i in idle)} tokens while the "
-                                 f"{role} ranks averaged {mean:.0f}: the {role} pool silently shrank "
+                                 f"{', '.join(f'{work[i]:.0f}' for i in idle)} tokens while "
+                                 f"{than}: the {role} pool silently shrank "
                                  f"to {len(work) - len(idle)} of {len(work)} working ranks{why}",
                                  idle[0]))
         ref = (references or {}).get(tuple(g.roles))

@@ -92,6 +92,7 @@ class Throttle:
         if self.root is not None:   # half the CPUs left to the harness and the machine
             share = 0.5 * self.cpus / len(devices)
             quotas = [quota_us(speed * share) for speed in speeds]
+            self._weigh(len(devices))
             entry["cgroups"] = [str(self._group(gen, r, q)) for r, q in enumerate(quotas)]
             entry["cpus"] = [q / PERIOD_US for q in quotas]
             raised = [r for r, speed in enumerate(speeds) if speed * share * PERIOD_US < QUOTA_MIN_US]
@@ -102,6 +103,17 @@ class Throttle:
                                 f"{'their class' if len(raised) > 1 else 'its class'}: run fewer "
                                 f"ranks or give the run more CPUs")
         return entry
+
+    def _weigh(self, ranks: int) -> None:
+        """Weigh the run's groups (and their parent) as ``ranks`` processes of the machine: a
+        group weighs one process by default, so under load the ranks would share one process's
+        CPU time, below their caps, and the classes' ratios would shrink."""
+        assert self.root is not None
+        name, weight = ("cpu.shares", 1024 * ranks) if self.v1 else \
+            ("cpu.weight", min(10000, 100 * ranks))
+        for group in (self.root.parent, self.root):
+            with contextlib.suppress(OSError):
+                (group / name).write_text(str(weight))
 
     def _group(self, gen: int, rank: int, quota: int) -> Path:
         assert self.root is not None

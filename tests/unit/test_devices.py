@@ -60,5 +60,8 @@ def test_the_kernel_enforces_the_quota_recorded():
             else:
                 quota, period = map(int, Path(group, "cpu.max").read_text().split())
             assert quota / period == cpus, (group, quota, period, cpus)
+        # the run weighs its 8 ranks, not one process, against the machine's other processes
+        name, weight = ("cpu.shares", 8 * 1024) if t.v1 else ("cpu.weight", 800)
+        assert int(Path(entry["cgroups"][0]).parent.joinpath(name).read_text()) == weight
     finally:
         t.close()

@@ -184,3 +184,27 @@ def test_other_topology_for_the_noise_floor_keeps_every_role():
     assert checkers.noise_floor_roles(["target", "drafter"], empty) is None
     assert checkers.noise_floor_roles(["trainer"] * 4, empty) == ["trainer"] * 2
     assert next_roles(ROLES, 2) == ["target", "drafter"]  # a shrink never drops a whole role
+
+
+def test_throughput_judges_a_device_mix_by_each_classs_share():
+    """An A100-class rank's small share is the balance, not a pool that shrank; one far below
+    its class's share still fails."""
+    from pytest_reshard.contract import Ev
+    from tests.histories import Builder
+
+    def mixed(slow_tokens: int, devices: bool = True) -> History:
+        b = Builder(steps=4)
+        if devices:
+            b.sup(Ev.DEVICES, gen=0, classes=["h100", "a100"], speeds=[1.0, 0.32],
+                  mode="cgroup", why="")
+        b.gen(run=range(4))
+        for s in range(4):
+            b.rank(0, 0, Ev.RECORD, step=s, tokens=100 - slow_tokens)
+            b.rank(0, 1, Ev.RECORD, step=s, tokens=slow_tokens)
+        return b.history()
+
+    assert checkers.throughput(mixed(24, devices=False)).status == "fail"   # even shares due
+    assert checkers.throughput(mixed(24)).status == "pass"                 # its class's share
+    v = checkers.throughput(mixed(5))
+    assert v.status == "fail" and v.rank == 1, v.message
+    assert "their device classes' shares of the trainer work were 97" in v.message, v.message
