@@ -1,10 +1,11 @@
-"""A production DDP job in record mode: run by torchrun itself, not by the harness.
+"""A production DDP job in record mode: run by its launcher (torchrun, SLURM), not by the harness.
 
 Two ranks over gloo, a checkpoint every ``--ckpt-every`` steps into ``--workdir``. With
 ``--crash-at N`` rank 1 kills itself (SIGKILL) when it begins step N in the job's first
-incarnation (torchrun's restart count 0), as a real crash would; torchrun restarts the workers
-and they resume from the checkpoint. ``--ignore-checkpoint`` is the planted bug: the restarted
-job loads the checkpoint's weights but starts again from step 0.
+incarnation (the launcher's restart count 0: torchrun's, else SLURM's requeue count), as a real
+crash would; the launcher restarts the job and it resumes from the checkpoint.
+``--ignore-checkpoint`` is the planted bug: the restarted job loads the checkpoint's weights
+but starts again from step 0.
 
 The probe is attached as in production: it records only because ``RESHARD_RECORD`` is set.
 """
@@ -35,7 +36,8 @@ def main() -> None:
     run = probe.attach(max_rewind_steps=args.ckpt_every)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT",
+                                 os.environ.get("SLURM_RESTART_COUNT", "0")))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt.pt"
