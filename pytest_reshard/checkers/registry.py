@@ -128,8 +128,9 @@ def _not_judged(name: str, damaged: Sequence[Damaged]) -> Verdict:
     more = f" (and {len(damaged) - 1} more line{'s' * (len(damaged) > 2)})" if len(damaged) > 1 else ""
     return Verdict.unknown(
         name, f"not judged: the run's history is damaged at {first.file}:{first.line}: "
-        f"{first.why}{more}; an event file changed after the harness wrote it (a full or failing "
-        "disk, another process writing into the run folder); rerun on a healthy file system",
+        f"{first.why}{more}" + ("; an event file changed after the harness wrote it (a full or "
+                                "failing disk, another process writing into the run folder); "
+                                "rerun on a healthy file system" if first.written else ""),
         details={"damaged": [dataclasses.asdict(d) for d in damaged]})
 
 

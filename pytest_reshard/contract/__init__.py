@@ -508,6 +508,8 @@ class Damaged:
     file: str
     line: int
     why: str
+    written: bool = True   # False: intact as written, but it contradicts the rest (two processes
+                           # recorded as one rank): no disk to blame
 
 
 def seal(body: str) -> bytes:

@@ -58,6 +58,7 @@ class Incarnation:
     pid: int | None = None
     launcher: str | None = None
     restart: int | None = None   # the launcher's restart count, None when it gave none
+    launch: tuple[int, ...] | None = None   # its place in the job: requeue, srun step, restart
     job: str | None = None       # torchrun's run id or SLURM's job id
     world_size: int = 1
     role: str = "trainer"
@@ -92,6 +93,8 @@ def incarnation_of(path: Path, start: Event) -> Incarnation:
         host=str(start.get("host") or ""), pid=opt_int(start.get("pid")),
         launcher=str(start["launcher"]) if start.get("launcher") else None,
         restart=opt_int(start.get("restart")),
+        launch=tuple(int(x) for x in start["launch"]) if isinstance(start.get("launch"), list)
+        else None,
         job=str(start["job"]) if start.get("job") not in (None, "") else None,
         world_size=int(start.get("world_size") or 1), role=str(start.get("role") or "trainer"),
         steps=opt_int(start.get("steps")), script=str(start.get("script") or ""))
@@ -100,15 +103,20 @@ def incarnation_of(path: Path, start: Event) -> Incarnation:
 def generations_of(incarnations: Sequence[Incarnation]) -> list[int]:
     """The generation of each incarnation (same order), numbered from 0.
 
-    Jobs in the order they started; within a job, by the launcher's restart count when every
-    incarnation of the job carries one, else by order: incarnations sorted by start time, a
-    rank seen again in the current generation begins the next one."""
+    Jobs in the order they started; within a job, by each launch's place in it when every
+    incarnation of the job carries one (SLURM's requeue count, its ``srun`` step, torchrun's
+    restart count), else by the launcher's restart count, else by order: incarnations sorted
+    by start time, a rank seen again in the current generation begins the next one."""
     first_t: dict[str | None, float] = {}
     for inc in incarnations:
         first_t[inc.job] = min(first_t.get(inc.job, inc.t), inc.t)
-    keys: list[tuple[int, int]] = [(0, 0)] * len(incarnations)
+    keys: list[tuple[int, ...]] = [(0, 0)] * len(incarnations)
     for j, job in enumerate(sorted(first_t, key=lambda k: (first_t[k], str(k)))):
         members = [i for i, inc in enumerate(incarnations) if inc.job == job]
+        if all(incarnations[i].launch is not None for i in members):
+            for i in members:
+                keys[i] = (j, *(incarnations[i].launch or ()))
+            continue
         if all(incarnations[i].restart is not None for i in members):
             for i in members:
                 keys[i] = (j, int(incarnations[i].restart or 0))
@@ -262,7 +270,8 @@ def load_recorded(folder: str | Path) -> History:
         if other is not None:
             damaged.append(Damaged(str(inc.path), 1, f"a second process recorded as rank "
                                    f"{inc.rank} of generation {gen} ({other.path.name} is the "
-                                   "other): two jobs or runs recorded into one folder?"))
+                                   "other): two jobs or runs recorded into one folder, or "
+                                   "launches its launcher did not count apart?", written=False))
             continue
         starts[gen][inc.rank] = inc
         for raw in body:

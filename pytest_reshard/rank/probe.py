@@ -352,7 +352,8 @@ class Run:
         steps = env.get(Env.STEPS)
         self.emit(Ev.START, world_size=self.world_size, role=self.role, pid=os.getpid(),
                   max_rewind_steps=max_rewind_steps, record=True, host=host, launcher=launcher,
-                  restart=restart, job=job, local_rank=_int_or_none(env.get("LOCAL_RANK")),
+                  restart=restart, launch=_launch_order(env), job=job,
+                  local_rank=_int_or_none(env.get("LOCAL_RANK")),
                   steps=_int_or_none(steps), script=os.path.basename(sys.argv[0] or ""))
         self._record_sigterm()
 
@@ -959,6 +960,16 @@ def _restart_count(env: Mapping[str, str]) -> tuple[str | None, int | None]:
         if name in env or present in env:
             return launcher, _int_or_none(env.get(name, "0"))
     return None, None
+
+
+def _launch_order(env: Mapping[str, str]) -> list[int] | None:
+    """Where this launch falls in its job (record mode): SLURM's requeue count, then its job
+    step (each ``srun`` of a retry loop in one batch job is a step of its own), then torchrun's
+    restart count (its agent restarts inside one step); None where no launcher says."""
+    if "SLURM_JOB_ID" not in env and "TORCHELASTIC_RUN_ID" not in env:
+        return None
+    return [_int_or_none(env.get(name)) or 0 for name in
+            ("SLURM_RESTART_COUNT", "SLURM_STEP_ID", "TORCHELASTIC_RESTART_COUNT")]
 
 
 def _int_or_none(text: str | None) -> int | None:

@@ -100,6 +100,18 @@ def test_without_a_restart_count_a_rank_that_starts_again_begins_the_next_genera
     assert generations_of(incs) == [0, 0, 1, 1, 2]
 
 
+def test_an_srun_retry_loop_in_one_requeued_job_is_a_generation_per_step() -> None:
+    """SLURM's restart count stays 0 through a batch script's srun loop: each srun is a job
+    step of its own, and a requeue starts the steps again."""
+    def srun(rank: int, t: float, requeue: int, step: int) -> Incarnation:
+        return Incarnation(path=Path(f"r{rank}-{t}"), rank=rank, t=t, restart=requeue, job="9",
+                           launch=(requeue, step, 0))
+
+    incs = [srun(0, 1.0, 0, 0), srun(1, 1.1, 0, 0), srun(0, 5.0, 0, 1), srun(1, 5.1, 0, 1),
+            srun(1, 9.0, 1, 0), srun(0, 9.1, 1, 0)]
+    assert generations_of(incs) == [0, 0, 1, 1, 2, 2]
+
+
 def test_jobs_follow_each_other_in_the_order_they_started() -> None:
     # a job resubmitted from its checkpoint: SLURM counts its restarts from 0 again
     incs = [inc(0, 50.0, restart=0, job="B"), inc(0, 1.0, restart=0, job="A"),
@@ -244,6 +256,7 @@ def test_two_processes_as_one_rank_of_one_generation_are_damage_not_judged(
     verdicts = judge_history(h)
     assert {v.status for v in verdicts.values()} == {"unknown"}
     assert all("damaged" in v.message for v in verdicts.values())
+    assert not any("failing disk" in v.message for v in verdicts.values())   # none to blame
     # could not judge: 2, not 0 (nor --strict's 3), whatever the checks said
     capsys.readouterr()
     assert cli.main(["judge", str(tmp_path), "--no-html"]) == 2
@@ -344,6 +357,10 @@ def test_slurm_restart_count_and_the_attach_argument(tmp_path: Path) -> None:
     run.close()
     start = json.loads(recorded_files(tmp_path)[0].read_text().splitlines()[0])
     assert (start["launcher"], start["restart"], start["job"]) == ("slurm", 1, "77")
+    run = probe.Run({"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2", "RANK": "0"}, record=tmp_path)
+    run.close()
+    starts = [json.loads(p.read_text().splitlines()[0]) for p in recorded_files(tmp_path)]
+    assert sorted(s["launch"] for s in starts) == [[0, 2, 0], [1, 0, 0]]
 
 
 def test_a_folder_that_cannot_be_written_turns_recording_off(
