@@ -5,10 +5,11 @@ with the next ``SLURM_RESTART_COUNT``, and the job resumes from its own checkpoi
 ``pytest-reshard judge DIR`` judges the recording.
 
 Why a requeue: it is how SLURM itself restarts a job (a node failure under ``--requeue`` takes the
-same path), and the one restart SLURM counts for the job's processes. ``srun`` in a loop inside
-the batch script gives every attempt the same job id and no restart count: record mode cannot
-tell its attempts apart (the judge says damaged, exit 2). torchrun under ``srun`` numbers its own
-restarts, as ``test_record_judge.py`` covers.
+same path), and the one restart SLURM counts for the job's processes. A third job retries ``srun``
+in a loop inside its batch script instead (no requeue): every attempt has the same job id and no
+restart count, and only its job step (``SLURM_STEP_ID``) tells the attempts apart, so the judge
+must read them as two generations, not as two processes of one rank (damage, exit 2). torchrun
+under ``srun`` numbers its own restarts, as ``test_record_judge.py`` covers.
 
 SLURM holds a requeued batch job until the first run's credentials expire (EligibleTime 121 s
 after the requeue on this cluster); the test, as the job's owner may, moves its start forward
@@ -41,15 +42,25 @@ STEPS = 8
 REQUEUE_DELAY_S = 5   # a requeued job's start, moved forward (module docstring)
 
 # What a user writes (docs/guide/record-and-judge.md, SLURM), on 1 task per node.
-BATCH = f"""#!/bin/bash
-#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append
-# job.sh RECORD_DIR CKPT_DIR [record_train.py options]
+SETUP = f"""# job.sh RECORD_DIR CKPT_DIR [record_train.py options]
 export {Env.RECORD}=$1 {Env.STEPS}={STEPS} OMP_NUM_THREADS=1
 export MASTER_ADDR=$(scontrol show hostnames "$SLURM_NODELIST" | head -n1)
 export MASTER_PORT=$((29500 + SLURM_JOB_ID % 1000))
-srun bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS exec "$@"' \\
-    _ {sys.executable} {WORKLOAD} --workdir "$2" "${{@:3}}" \\
+"""
+SRUN = f"""srun bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS exec "$@"' \\
+    _ {sys.executable} {WORKLOAD} --workdir "$2" "${{@:3}}\""""
+BATCH = f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1 --requeue --open-mode=append
+{SETUP}{SRUN} \\
   || {{ [ "${{SLURM_RESTART_COUNT:-0}}" -lt 3 ] && scontrol requeue "$SLURM_JOB_ID"; }}
+"""
+# The same job retrying srun in its batch script: no requeue, so SLURM counts no restart.
+RETRY_BATCH = f"""#!/bin/bash
+#SBATCH --nodes=2 --ntasks-per-node=1
+{SETUP}for attempt in 1 2 3; do
+  echo "srun attempt $attempt"
+  {SRUN} && break
+done
 """
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "PREEMPTED")
@@ -64,10 +75,10 @@ def _job(job: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", _scontrol("show", "job", "-o", job)))
 
 
-def _submit(folder: Path, *args: str) -> str:
+def _submit(folder: Path, batch: str, *args: str) -> str:
     folder.mkdir(parents=True)
     script = folder / "job.sh"
-    script.write_text(BATCH)
+    script.write_text(batch)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RESHARD_")}
     done = subprocess.run(["sbatch", "--parsable", f"--output={folder / 'slurm-%j.out'}",
                            str(script), str(folder / "rec"), str(folder / "work"), *args],
@@ -116,15 +127,18 @@ def _settle() -> None:
 
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The correct job and the planted bug, submitted together (each takes one CPU of each
-    node); the job ids in ``<folder>/job``."""
+    """The correct job, the planted bug and the srun retry loop, submitted together (each takes
+    one CPU of each node: the third runs as soon as one of the others is requeued); the job ids
+    in ``<folder>/job``."""
     assert not _squeue(), f"the cluster is busy before the test: {_squeue()}"
     root = tmp_path_factory.mktemp("record-slurm")
-    folders = {"correct": root / "correct", "bug": root / "bug"}
+    folders = {"correct": root / "correct", "bug": root / "bug", "retry": root / "retry"}
+    restarts = {"correct": "1", "bug": "1", "retry": "0"}   # SLURM's count: a requeue each, none
     ids: dict[str, str] = {}
     try:
-        ids["correct"] = _submit(folders["correct"], "--crash-at", "4")
-        ids["bug"] = _submit(folders["bug"], "--crash-at", "4", "--ignore-checkpoint")
+        ids["correct"] = _submit(folders["correct"], BATCH, "--crash-at", "4")
+        ids["bug"] = _submit(folders["bug"], BATCH, "--crash-at", "4", "--ignore-checkpoint")
+        ids["retry"] = _submit(folders["retry"], RETRY_BATCH, "--crash-at", "4")
         ended = _wait(list(ids.values()), time.monotonic() + JOB_S)
     except BaseException:
         if ids:
@@ -137,7 +151,8 @@ def jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
     for name, job in ids.items():
         out = "".join(p.read_text() for p in folders[name].glob("slurm-*.out"))
         fields = ended[job]
-        assert (fields.get("JobState"), fields.get("Restarts")) == ("COMPLETED", "1"), (fields, out)
+        assert (fields.get("JobState"), fields.get("Restarts")) == ("COMPLETED", restarts[name]), \
+            (fields, out)
         (folders[name] / "job").write_text(job)
     return {name: folder / "rec" for name, folder in folders.items()}
 
@@ -175,3 +190,28 @@ def test_judge_fails_no_rewind_when_the_requeued_job_starts_from_step_0(
     assert "generation 1 resumed at step 0" in v["message"], v["message"]
     assert "committed steps 0..3 replayed" in v["message"], v["message"]
     assert "no_rewind fail" in out
+
+
+def test_an_srun_retry_loop_is_recorded_as_two_job_steps_on_its_nodes(
+        jobs: dict[str, Path]) -> None:
+    out = "".join(p.read_text() for p in jobs["retry"].parent.glob("slurm-*.out"))
+    assert re.findall(r"srun attempt \d", out) == ["srun attempt 1", "srun attempt 2"], out
+    nodes = set(os.environ["RESHARD_SLURM_NODES"].split())
+    starts = _starts(jobs["retry"])
+    # SLURM counted no restart: only the job step tells the attempts apart
+    assert sorted((s.launch, s.rank) for s in starts) == [
+        ((0, 0, 0), 0), ((0, 0, 0), 1), ((0, 1, 0), 0), ((0, 1, 0), 1)], starts
+    assert {s.restart for s in starts} == {0}, starts
+    for step in (0, 1):   # a rank on each node, in each srun
+        assert {s.host for s in starts if s.launch == (0, step, 0)} == nodes, starts
+
+
+def test_judge_passes_no_rewind_on_the_srun_retry_loops_resume(jobs: dict[str, Path]) -> None:
+    code, out, verdict = judge(jobs["retry"])
+    assert code == 0, out
+    checks = verdict["checks"]
+    assert checks["no_rewind"]["status"] == "pass", checks["no_rewind"]["message"]
+    assert checks["liveness"]["status"] == "pass", checks["liveness"]["message"]
+    assert "generation 0: 2 ranks, resumed at step 0, ended by failure: " in out, out
+    assert "generation 1: 2 ranks, resumed at step 3, ended by complete" in out, out
+    assert "generation 2" not in out, out

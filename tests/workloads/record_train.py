@@ -2,8 +2,9 @@
 
 Two ranks over gloo, a checkpoint every ``--ckpt-every`` steps into ``--workdir``. With
 ``--crash-at N`` rank 1 kills itself (SIGKILL) when it begins step N in the job's first
-incarnation (the launcher's restart count 0: torchrun's, else SLURM's requeue count), as a real
-crash would; the launcher restarts the job and it resumes from the checkpoint.
+launch (no restart counted by torchrun nor a requeue by SLURM, and SLURM's first ``srun`` step of
+the job), as a real crash would; the launcher (or the batch script's ``srun`` retry loop) starts
+the job again and it resumes from the checkpoint.
 ``--ignore-checkpoint`` is the planted bug: the restarted job loads the checkpoint's weights
 but starts again from step 0.
 
@@ -36,8 +37,8 @@ def main() -> None:
     run = probe.attach(max_rewind_steps=args.ckpt_every)
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank, world = dist.get_rank(), dist.get_world_size()
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT",
-                                 os.environ.get("SLURM_RESTART_COUNT", "0")))
+    first_launch = all(int(os.environ.get(name, "0")) == 0 for name in
+                       ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", "SLURM_STEP_ID"))
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     ckpt = workdir / "ckpt.pt"
@@ -61,7 +62,7 @@ def main() -> None:
     per_rank = GLOBAL_BATCH // world
     for step in range(start, args.steps):
         with run.step(step) as s:
-            if rank == 1 and restart == 0 and step == args.crash_at:
+            if rank == 1 and first_launch and step == args.crash_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             lo = step * GLOBAL_BATCH + rank * per_rank
             ids = list(range(lo, lo + per_rank))
