@@ -60,15 +60,18 @@ def test_measured_shares_follow_each_device_mix_and_pass_every_checker(reshard_r
 
 
 def test_unweighted_shares_fail_loss_continuity_against_the_even_share_run(reshard_run):
-    result = reshard_run("lm", devices=MIX, throttle="cgroup", faults=CHANGE,
+    """No fault is needed: in a device mix generation 0 is no repeat of the clean (even-share)
+    run, so its difference is not taken for the workload's own nondeterminism."""
+    result = reshard_run("lm", devices=MIX, throttle="cgroup", steps=6,
                          args=[*MEASURED, "--bug", "unweighted_shares"])
     v = result.verdicts["loss_continuity"]
     assert v.status == "fail", v.message
-    assert v.step is not None and re.search(rf"at (resume point )?step {v.step}\b", v.message), \
-        v.message
+    assert v.generation == 0 and v.step is not None and v.step < 6, v
+    assert re.search(rf"departs from the reference at step {v.step}\b", v.message), v.message
     assert v.replay and "pytest" in v.replay
 
 
+@pytest.mark.nightly   # exactly_once_samples' planted bugs in CI: tests/scenarios/test_lm.py
 def test_stale_shares_on_one_rank_fail_exactly_once_naming_the_step_and_ranks(reshard_run):
     result = reshard_run("lm", devices=MIX, throttle="cgroup", faults=CHANGE,
                          args=[*MEASURED, "--bug", "stale_shares"])
