@@ -68,6 +68,7 @@ def test_shares_in_proportion_to_measured_speed_pass_balance(reshard_run):
     print(result.verdicts["balance"].message)
 
 
+@pytest.mark.nightly   # the CI budget: the capped (cgroup) runs above are the main path
 @pytest.mark.reshard(world_size=2, steps=8, timeout=120)
 def test_stretched_steps_make_the_fast_rank_wait_for_the_slow_class(reshard_run):
     result = reshard_run(SCRIPT, devices=MIXED, throttle="stretch", args=["--shares", "even"])

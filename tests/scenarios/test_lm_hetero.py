@@ -39,6 +39,7 @@ def _shares(result) -> dict[int, dict[int, set[int]]]:
     return out
 
 
+@pytest.mark.nightly   # 45 s and two cgroup-capped clean runs: the CI budget (unit: test_lm_shares)
 def test_measured_shares_follow_each_device_mix_and_pass_every_checker(reshard_run):
     result = reshard_run("lm", devices=MIX, throttle="cgroup", args=MEASURED, faults=CHANGE)
     shares = _shares(result)
@@ -59,6 +60,7 @@ def test_measured_shares_follow_each_device_mix_and_pass_every_checker(reshard_r
     print(result.verdicts["loss_continuity"].message)
 
 
+@pytest.mark.nightly   # unit: test_loss_fidelity's device-mix window
 def test_unweighted_shares_fail_loss_continuity_against_the_even_share_run(reshard_run):
     """No fault is needed: in a device mix generation 0 is no repeat of the clean (even-share)
     run, so its difference is not taken for the workload's own nondeterminism."""

@@ -86,6 +86,7 @@ def test_a_partition_shorter_than_the_jobs_timeout_is_ridden_out(reshard_run):
     assert max(_step_times(result).values()) > 1.5   # the step that waited for the link
 
 
+@pytest.mark.nightly   # the CI budget: throughput's fail case runs in CI (test_pipeline_checks)
 @pytest.mark.reshard(timeout=240)
 def test_a_slow_link_changes_no_verdict_and_throughput_reports_the_drop(reshard_run):
     """Capped at 16 Mbit/s, the LM's all-reduces take about 8x longer: every other checker

@@ -125,6 +125,11 @@ def _settle() -> None:
         time.sleep(0.1)
 
 
+#: Two minutes of a real cluster's jobs: nightly, for the CI budget (torchrun's recording runs in
+#: CI: test_record_judge.py).
+pytestmark = pytest.mark.nightly
+
+
 @pytest.fixture(scope="module")
 def jobs(slurm_cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The correct job, the planted bug and the srun retry loop, submitted together (each takes

@@ -272,6 +272,7 @@ def test_a_remote_rank_is_named_killed_silent_or_stopped_from_its_nodes_report(
     assert detected[0]["expected"] and detected[0]["step"] == 3
 
 
+@pytest.mark.nightly   # the CI budget: a SLURM preemption runs in CI (scancel_term, above)
 @pytest.mark.reshard(world_size=4, steps=20, timeout=240)
 def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_landed(
         reshard_run, cluster, toy):

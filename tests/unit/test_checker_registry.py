@@ -237,3 +237,17 @@ def test_columns_of_rows_without_headers_are_named_after_the_check():
     assert [c for c, _ in table.COLUMNS][:len(BUILT_IN)] == BUILT_IN
 
 
+
+
+def test_only_a_sweeps_point_feeds_the_sweep_matrix():
+    """A test of its own that kills at a file event may expect the failure it gets: its row is
+    no crash point of a sweep (it read as one that failed)."""
+    from pytest_reshard.schedule import Fault
+
+    sc_faults = Schedule(0, [Fault("power_loss", "rank:0", 3, "begin", {"event": 1})])
+    import dataclasses
+
+    result = dataclasses.replace(result_of(clean_run()), scenario=Scenario(
+        workload="train.py", world_size=2, steps=20, schedule=sc_faults))
+    assert table.summary_row(result)["file_point"] is None
+    assert table.summary_row(result, swept=True)["file_point"]["event"] == 1

@@ -174,3 +174,26 @@ def test_a_loss_that_is_not_a_number_fails_at_any_tolerance(bad):
     assert v.status == "fail" and v.step == 8, v.message
     assert f"loss departs from the reference at step 8 (generation 0): {bad} where the clean " \
         "run at 2 ranks has" in v.message and "not a finite number" in v.message, v.message
+
+
+def test_in_a_device_mix_generation_0_is_no_free_repeat_of_the_clean_run():
+    """The clean run of a device mix ran at even shares, so generation 0's difference from it
+    before the first fault is not the workload's nondeterminism: a mix's own bug (gradients
+    averaged unweighted) fails from its first step; rounding alone passes."""
+    from pytest_reshard.contract import Ev
+
+    def mixed(off: float) -> Builder:
+        b = Builder(steps=6, world_size=2)
+        b.sup(Ev.DEVICES, gen=0, classes=["h100", "a100"], speeds=[1.0, 0.32], mode="cgroup",
+              why="")
+        b.gen(run=range(6), loss=lambda s: default_loss(s) * (1 + (off if s else 0.0)))
+        return b
+
+    refs = [clean_run(steps=6, world_size=2)]
+    v = loss_continuity(mixed(6e-4).history(), references=refs)
+    assert v.status == "fail" and (v.step, v.generation) == (1, 0), v.message
+    assert loss_continuity(mixed(2e-7).history(), references=refs).status == "pass"
+    # the same difference without a device mix: taken for nondeterminism, never a pass or fail
+    plain = Builder(steps=6, world_size=2)
+    plain.gen(run=range(6), loss=lambda s: default_loss(s) * (1 + (6e-4 if s else 0.0)))
+    assert loss_continuity(plain.history(), references=refs).status != "fail"
