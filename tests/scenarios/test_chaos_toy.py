@@ -101,6 +101,7 @@ def test_a_users_own_sigterm_handler_is_still_called_and_the_flag_still_set(resh
                                                                            "sigterm-seen-1"]
 
 
+@pytest.mark.nightly   # the CI budget
 def test_a_rank_still_tearing_down_when_the_grace_ends_is_not_a_failure(reshard_run, toy):
     """Every rank saved and recorded its exit within the grace period, but its process takes
     longer to end (as torch's teardown does on a loaded machine): the scheduler's SIGKILL ends

@@ -32,7 +32,8 @@ def test_ddp_script_ending_normally_passes_under_fork(reshard_run):
         assert [g.world_size for g in result.history.generations.values()] == [4, 3]
 
 
-@pytest.mark.parametrize("launcher", ["fork", "local", "torchrun"])
+@pytest.mark.parametrize("launcher", ["fork", "local",
+                                      pytest.param("torchrun", marks=pytest.mark.nightly)])
 def test_abort_after_close_is_a_clean_exit(reshard_run, launcher):
     """Every rank aborts (SIGABRT) after run.close(): every step ended and the probe recorded the
     exit, so it is the clean exit it is, whatever the exit code, under every launcher."""

@@ -105,6 +105,7 @@ def test_a_slow_link_changes_no_verdict_and_throughput_reports_the_drop(reshard_
     print(f"slow link: {v.message}")
 
 
+@pytest.mark.nightly   # the CI budget: tests/unit/test_watch_policies.py, test_checkers.py
 @pytest.mark.reshard(timeout=240)
 def test_a_link_change_that_cannot_be_made_fails_the_run_and_says_why(reshard_run):
     """A second rate cap on the same link: ``tc`` refuses it (the root qdisc exists). The rank

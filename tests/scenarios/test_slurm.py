@@ -181,6 +181,7 @@ def test_a_slurm_preemption_is_scancel_term_and_costs_no_committed_step(reshard_
     assert not [e for e in sup if e["ev"] == "detect"]
 
 
+@pytest.mark.nightly   # the CI budget: a killed node's run stays in CI
 @pytest.mark.reshard(world_size=4, steps=10, timeout=240)
 def test_a_drain_from_two_nodes_to_one_runs_the_next_step_on_the_node_left(reshard_run, cluster):
     result = reshard_run("lm", faults=chaos.drain(world_size=4, fraction=0.5, waves=1,

@@ -93,6 +93,7 @@ def test_a_healer_that_skips_the_heal_fails_state_equivalence(reshard_run, torch
 
 # delay: the survivor trained alone from 0.94-1.03 s after the kill (the heartbeat timeout) until
 # the group was back, 1.6-2.1 s (CI, load 4.5): 7-12 steps alone; it finished 7.2 s after the kill
+@pytest.mark.nightly   # the CI budget: membership mode's other runs stay in CI
 @pytest.mark.reshard(steps=60, member_restart_delay_s=1.5)
 def test_a_group_down_longer_than_the_heartbeat_loses_its_share(reshard_run, torchft_train):
     """What torchft loses, judged from the history: while group 1 is down (1.5 s and its start,
