@@ -37,7 +37,8 @@ def _cgroups() -> str | None:
     return None
 
 
-CGROUPS = pytest.mark.skipif(_cgroups() is not None, reason=str(_cgroups()))
+_NO_CGROUPS = _cgroups()
+CGROUPS = pytest.mark.skipif(_NO_CGROUPS is not None, reason=str(_NO_CGROUPS))
 
 
 @CGROUPS

@@ -8,7 +8,8 @@ import pytest
 
 from pytest_reshard import chaos
 from pytest_reshard.fixtures.lm import SHARES_NOTE
-from pytest_reshard.supervisor.devices import Throttle
+
+from .test_devices import CGROUPS   # skips, with the reason, where cgroups cannot cap a rank
 
 #: One H100-class rank and two A100-class ones (0.32 of an H100): shares about 8, 2, 2 of the 12.
 MIX = {"h100": 1, "a100": 2}
@@ -17,16 +18,7 @@ CHANGE = [chaos.change_devices(devices={"l40s": 4}, at_step=5)]
 MEASURED = ["--shares", "measured"]
 
 
-def _cgroups() -> str | None:
-    try:
-        t = Throttle("probe", "cgroup")
-    except RuntimeError as e:
-        return str(e)
-    t.close()
-    return None
 
-
-CGROUPS = pytest.mark.skipif(_cgroups() is not None, reason=str(_cgroups()))
 pytestmark = [CGROUPS, pytest.mark.reshard(world_size=3, steps=12, timeout=300)]
 
 
