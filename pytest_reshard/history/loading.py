@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import gc
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Iterator
 from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Damaged, Ev,
                                      RunDir, Torn, read_jsonl)
 from pytest_reshard.history.records import Event
 from pytest_reshard.history.streams import Recorded
 
-__all__ = ["HistoryError", "load_events", "validate", "is_supervisor"]
+__all__ = ["HistoryError", "load_events", "validate", "is_supervisor", "without_gc"]
 
 
 class HistoryError(ValueError):
@@ -29,10 +32,18 @@ def load_events(run_dir: str | Path | RunDir) -> tuple[Recorded, list[Torn], lis
     if not files:
         raise HistoryError(f"{events_dir}: no event files (g*-r*.jsonl, {supervisor_file}); "
                            "did the run start any rank?")
-    collecting = gc.isenabled()
-    gc.disable()   # millions of new objects, no cycles: each collection would walk them all
-    try:
+    with without_gc():
         return _read(files, root)
+
+
+@contextmanager
+def without_gc() -> Iterator[None]:
+    """No cyclic collection inside: a history of millions of objects (no cycles among them)
+    would be walked whole by each one, and loading or judging one triggers many."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
@@ -47,24 +58,27 @@ def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[D
         torn += file_torn
         damaged += file_damaged
         m = RANK_FILE.fullmatch(path.name)
-        good: list[Event] = []
+        if m:   # a rank file: its name says which generation and rank wrote it
+            gen, rank = int(m.group(1)), int(m.group(2))
+            refused = events.add_rank_file(gen, rank, file_events,
+                                           partial(_in_rank_file, gen=gen, rank=rank))
+            damaged += [Damaged(str(path), lineno, why) for lineno, why in refused]
+            continue
         for lineno, e in file_events:
             try:
                 validate(e)
-                if m:   # a rank file: its name says which generation and rank wrote it
-                    _in_rank_file(e, int(m.group(1)), int(m.group(2)))
-                elif not is_supervisor(e):
+                if not is_supervisor(e):
                     raise HistoryError(f"rank event {e['ev']!r} in the supervisor's file")
             except HistoryError as err:
                 damaged.append(Damaged(str(path), lineno, str(err)))
                 continue
-            good.append(e)
-        events.extend(good, [float(e.get("t", 0.0)) for e in good])
+            events.add(e, float(e.get("t", 0.0)))
     events.order(by_key=True)  # stable: file order within equal times
     return events, torn, damaged, root.root
 
 
 def _in_rank_file(e: Event, gen: int, rank: int) -> None:
+    validate(e)
     if is_supervisor(e):
         raise HistoryError(f"supervisor event {e['ev']!r} in a rank's file")
     if (e["gen"], e["rank"]) != (gen, rank):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
 from pytest_reshard.history.records import Event
@@ -116,9 +116,9 @@ class RankStream:
 
     def put_in_order(self) -> None:
         """Reorder it by ``index`` (its lines were not in time order)."""
-        order = sorted(range(len(self.kind)), key=self.index.__getitem__)
-        if order == list(range(len(order))):
+        if self.index == array("q", sorted(self.index)):   # the usual case: a file in time order
             return
+        order = sorted(range(len(self.kind)), key=self.index.__getitem__)
         for name in ("index", "shape", "step", "t"):
             column = getattr(self, name)
             setattr(self, name, array(column.typecode, (column[p] for p in order)))
@@ -157,19 +157,49 @@ class Recorded:
             self._runs.append([s, 1])
         self._keys.append(key)
 
-    def extend(self, events: list[Event], keys: list[float]) -> None:
-        """``add`` each of ``events`` (a file's: most often all of one rank)."""
-        first = events[0] if events else None
-        if first is None or first["ev"] in SUPERVISOR_EVENTS or any(
-                (e["gen"], e["rank"]) != (first["gen"], first["rank"]) for e in events):
-            for e, key in zip(events, keys):
-                self.add(e, key)
-            return
-        s = self.stream(int(first["gen"]), int(first["rank"]))
-        for e in events:
+    def add_rank_file(self, gen: int, rank: int, lines: Sequence[tuple[int, Event]],
+                      check: Callable[[Event], None]) -> list[tuple[int, str]]:
+        """Append the events of rank ``rank``'s file of generation ``gen``: ``(line number,
+        event)`` pairs in file order. A well-formed per-step event of that rank goes straight
+        into its columns; any other is appended only if ``check`` (which raises ``ValueError``
+        saying why) accepts it. Returns the ``(line number, why)`` of those it refused."""
+        s = self.stream(gen, rank)
+        first = len(s)
+        refused: list[tuple[int, str]] = []
+        codes, shapes, ids = _CODES, _SHAPES, _SHAPE_IDS
+        kind, shape, steps, times, extra = s.kind, s.shape, s.step, s.t, s.extra
+        for lineno, e in lines:   # the loop of a million events: add()'s checks, inlined
+            ev, t, step = e.get("ev"), e.get("t", 0.0), e.get("step")
+            code = codes.get(ev, OTHER) if type(ev) is str else OTHER
+            g, r = e.get("gen"), e.get("rank")
+            if code and type(t) is float and type(step) is int and -_INT64 <= step < _INT64 \
+                    and type(g) is int and type(r) is int and g == gen and r == rank:
+                keys = tuple(e)
+                sid = ids.get(keys)
+                if sid is None:
+                    sid = _shape(keys)
+                more = shapes[sid][1]
+                kind.append(code)
+                shape.append(sid)
+                steps.append(step)
+                times.append(t)
+                extra.append((e[more[0]] if more else None) if len(more) <= 1
+                             else tuple(e[k] for k in more))
+                continue
+            try:
+                check(e)
+            except ValueError as err:
+                refused.append((lineno, str(err)))
+                continue
             s.add(e)
-        self._runs.append([s, len(events)])
-        self._keys.extend(keys)
+        keys_ = s.t[first:]
+        for pos, e in s.other.items():
+            if pos >= first:
+                keys_[pos - first] = float(e.get("t", 0.0))
+        if len(s) > first:
+            self._runs.append([s, len(s) - first])
+            self._keys.extend(keys_)
+        return refused
 
     def stream(self, gen: int, rank: int) -> RankStream:
         s = self.streams.get((gen, rank))

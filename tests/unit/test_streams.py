@@ -54,7 +54,7 @@ def test_more_field_orders_than_a_uint16_counts() -> None:
     n = 70_000   # past 65,535: the shape ids must not overflow
     recorded = Recorded()
     events = _events("wide", n)
-    recorded.extend(events, [float(i) for i in range(n)])
+    assert recorded.add_rank_file(0, 0, list(enumerate(events, 1)), lambda e: None) == []
     recorded.order(by_key=False)
     s = recorded.streams[(0, 0)]
     assert s.event(n - 1) == events[-1] and s.event(0) == events[0]
