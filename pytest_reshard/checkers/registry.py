@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from pytest_reshard.contract import Damaged
+from pytest_reshard.history.loading import without_gc
 from pytest_reshard.verdict import Verdict
 
 if TYPE_CHECKING:  # the context is only an annotation here: it imports the checkers it runs
@@ -223,10 +224,11 @@ def run_all(ctx: CheckContext, checkers: Iterable[Checker] | None = None) -> dic
     """Each checker's verdict on ``ctx``, by name, in registration order; a checker that does
     not apply (and is not opted into) is absent, one that raises is ``unknown``."""
     out: dict[str, Verdict] = {}
-    for c in (registered() if checkers is None else checkers):
-        v = c.run(ctx)
-        if v is not None:
-            out[c.name] = v
+    with without_gc():
+        for c in (registered() if checkers is None else checkers):
+            v = c.run(ctx)
+            if v is not None:
+                out[c.name] = v
     return out
 
 
