@@ -13,7 +13,8 @@ scenario's) last step is ``unknown`` about the rest, not a pass.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from array import array
+from typing import Any, Iterator
 
 from pytest_reshard.checkers._text import _advice, _fault_before, _ranges
 from pytest_reshard.checkers.context import CheckContext
@@ -29,46 +30,94 @@ def _at(occ: Occurrence, rank: int) -> str:
     return f"step {occ.step} (generation {occ.gen}, rank {rank})"
 
 
-def _uses(history: History, kept: list[Occurrence]) -> dict[_Key, list[_Use]]:
-    """Each (role, epoch, sample) -> where the kept steps consumed it, in order."""
-    out: dict[_Key, list[_Use]] = {}
-    roles: dict[tuple[int, int], str] = {}
-    for occ in kept:
-        for rank, pairs in sorted(history.samples(occ.gen, occ.step).items()):
-            role = roles.get((occ.gen, rank))
-            if role is None:
-                role = roles[(occ.gen, rank)] = history.role(occ.gen, rank)
-            for epoch, sample in pairs:   # a tuple per use: _duplicates tells uses apart by identity
-                key = (role, epoch, sample)
-                where = out.get(key)
-                if where is None:
-                    out[key] = [(occ, rank)]
-                else:
-                    where.append((occ, rank))
-    return out
+class _Uses:
+    """Where the kept steps consumed each (role, epoch, sample). A run of a thousand ranks
+    consumes millions of samples, nearly all once: a sample's first use is held as the index of
+    the rank-step that drew it, and only a key used again gets the list of all its uses."""
+
+    def __init__(self, history: History, kept: list[Occurrence]) -> None:
+        self._occ = kept
+        self._site_occ = array("I")    # a site (rank-step): its occurrence's index in kept
+        self._site_rank = array("I")
+        self.first: dict[tuple[str, int], dict[int, int]] = {}   # (role, epoch) -> sample -> site
+        self.again: dict[_Key, list[int]] = {}   # a key used more than once -> every use's site
+        self.total = 0                           # uses in all
+        roles: dict[tuple[int, int], str] = {}
+        drawn_by: dict[tuple[str, int], tuple[list[int], list[int]]] = {}   # -> (ids, their sites)
+        for i, occ in enumerate(kept):
+            for rank, drawn in sorted(history.drawn(occ.gen, occ.step).items()):
+                role = roles.get((occ.gen, rank))
+                if role is None:
+                    role = roles[(occ.gen, rank)] = history.role(occ.gen, rank)
+                site = len(self._site_occ)
+                self._site_occ.append(i)
+                self._site_rank.append(rank)
+                for epoch, ids in drawn:
+                    group = drawn_by.get((role, epoch))
+                    if group is None:
+                        group = drawn_by[(role, epoch)] = ([], [])
+                    group[0].extend(ids)
+                    group[1].extend([site] * len(ids))
+        again: list[tuple[_Key, list[int]]] = []
+        for (role, epoch), (ids, sites) in drawn_by.items():
+            self.total += len(ids)
+            # built in C, the last of equal keys kept: reversed, each sample keeps its first use
+            seen = self.first[(role, epoch)] = dict(zip(reversed(ids), reversed(sites)))
+            if len(seen) < len(ids):   # some sample used again: every use of those, in order
+                used: dict[int, list[int]] = {}
+                for x, site in zip(ids, sites):
+                    used.setdefault(x, []).append(site)
+                again += [((role, epoch, x), where) for x, where in used.items() if len(where) > 1]
+        # in the order of each key's first use
+        self.again = dict(sorted(again, key=lambda kv: kv[1][0]))
+
+    def __len__(self) -> int:
+        return sum(map(len, self.first.values()))
+
+    def get(self, key: _Key) -> list[_Use]:
+        """Its uses in order, a new tuple each (``_duplicates`` tells uses apart by identity)."""
+        sites = self.again.get(key)
+        if sites is None:
+            site = self.first.get(key[:2], {}).get(key[2])
+            sites = [] if site is None else [site]
+        return [(self._occ[self._site_occ[i]], self._site_rank[i]) for i in sites]
+
+    def count(self, key: _Key) -> int:
+        sites = self.again.get(key)
+        return len(sites) if sites is not None else int(key[2] in self.first.get(key[:2], {}))
+
+    def repeated(self) -> Iterator[tuple[_Key, list[_Use]]]:
+        return ((key, self.get(key)) for key in self.again)
+
+    def consumed(self) -> int:
+        """Distinct (epoch, sample) pairs, whichever role consumed them."""
+        by_epoch: dict[int, list[dict[int, int]]] = {}
+        for (_, epoch), seen in self.first.items():
+            by_epoch.setdefault(epoch, []).append(seen)
+        return sum(len(ds[0]) if len(ds) == 1 else len(set().union(*ds)) for ds in by_epoch.values())
+
+    def roles(self) -> set[str]:
+        return {role for role, _ in self.first}
 
 
 class _RefSteps:
     """(role, epoch, sample) -> at which steps the reference consumed it, how often; counted
     only for the keys asked (the repeats), not for every sample of the run."""
 
-    def __init__(self, ref_uses: dict[_Key, list[_Use]]) -> None:
+    def __init__(self, ref_uses: _Uses) -> None:
         self._uses = ref_uses
 
     def get(self, key: _Key, default: Counter[int]) -> Counter[int]:
         where = self._uses.get(key)
-        return default if where is None else Counter(o.step for o, _ in where)
+        return Counter(o.step for o, _ in where) if where else default
 
 
-def _duplicates(uses: dict[_Key, list[_Use]],
-                ref_steps: _RefSteps | None) -> list[tuple[_Key, _Use, _Use, int]]:
+def _duplicates(uses: _Uses, ref_steps: _RefSteps | None) -> list[tuple[_Key, _Use, _Use, int]]:
     """(key, an earlier use, the repeat, how many the reference allows) for each key consumed
     more often than it may be: once without a reference; with one, a repeat at a step where the
     reference consumed it too is allowed (an epoch the workload did not record)."""
     dups = []
-    for key, where in uses.items():
-        if len(where) < 2:
-            continue
+    for key, where in uses.repeated():
         if ref_steps is None:
             dups.append((key, where[0], where[1], 1))
             continue
@@ -106,18 +155,18 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         return Verdict.unknown(check, f"the {len(kept)} kept steps recorded no sample ids; "
                                + (_advice(history, check) or "call s.record(samples=batch_ids) "
                                   "as soon as the batch is drawn"))
-    uses = _uses(history, kept)
+    uses = _Uses(history, kept)
     last = max((o.step for o in kept), default=-1)
     covered = sorted({o.step for o in kept})
-    ref_uses: dict[_Key, list[_Use]] | None = None
+    ref_uses: _Uses | None = None
     ref_steps: _RefSteps | None = None
     if reference is not None:
         ref_kept = [o for o in sorted(reference.kept()) if o.step <= last]
-        ref_uses = _uses(reference, ref_kept)
+        ref_uses = _Uses(reference, ref_kept)
         ref_steps = _RefSteps(ref_uses)
     dups = _duplicates(uses, ref_steps)
-    consumed = {(epoch, sample) for _, epoch, sample in uses}
-    details: dict[str, Any] = {"kept_steps": len(kept), "samples": len(consumed),
+    consumed = uses.consumed()
+    details: dict[str, Any] = {"kept_steps": len(kept), "samples": consumed,
                                "duplicates": len(dups), "steps_covered": _ranges(covered)}
     if dups:
         (role, epoch, sample), (o1, r1), (o2, r2), allowed = dups[0]
@@ -129,7 +178,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
         else:
             why = "the data loader repeated it within one generation"
         again = "again at" if o1 != o2 else "at"
-        n = len(uses[(role, epoch, sample)])
+        n = uses.count((role, epoch, sample))
         times = "twice" if n == 2 else f"{n} times"
         ref = (f" (the clean reference run consumed it {allowed} time{'s' if allowed > 1 else ''}"
                f" by step {last})" if reference is not None else "")
@@ -144,10 +193,10 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                               fault=_fault_before(history, o2.gen) if o2.gen != o1.gen else None,
                               details=details)
     over = f"over {len(kept)} kept steps (steps {_ranges(covered)})"
-    total = sum(len(v) for v in uses.values())
-    once = f"{len(consumed)} samples consumed exactly once {over}"
+    total = uses.total
+    once = f"{consumed} samples consumed exactly once {over}"
     if total > len(uses):   # repeats the clean run shows at the same steps: unrecorded epochs
-        once = (f"{len(consumed)} sample ids consumed {over}, each as often as in the clean run "
+        once = (f"{consumed} sample ids consumed {over}, each as often as in the clean run "
                 f"and at the same steps ({total} consumptions: the ids repeat every epoch; "
                 "record epoch= to count epochs apart)")
     if reference is None or ref_uses is None:
@@ -157,15 +206,20 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     # A sample is lost when the run consumed it fewer times than the reference did by the same
     # step (with unrecorded epochs, a sample dropped in one epoch is still seen in another).
     expected: dict[_Key, int] = {}   # key -> the reference step of its first unmatched use
-    for k, in_ref in ref_uses.items():
-        left = Counter(o.step for o, _ in uses.get(k, ()))
+    # Only a key the run consumed less often than the reference can be lost: one it never
+    # consumed, or one the reference consumed more than once.
+    candidates = [(role, epoch, x) for (role, epoch), ref_seen in ref_uses.first.items()
+                  for x in ref_seen.keys() - uses.first.get((role, epoch), {}).keys()]
+    for k in [*candidates, *ref_uses.again]:
+        in_ref, mine = ref_uses.get(k), uses.get(k)
+        left = Counter(o.step for o, _ in mine)
         unmatched = []
         for o, _ in in_ref:
             if left[o.step] > 0:
                 left[o.step] -= 1
             else:
                 unmatched.append(o.step)
-        if len(in_ref) > len(uses.get(k, ())):
+        if len(in_ref) > len(mine):
             expected[k] = min(unmatched) if unmatched else in_ref[-1][0].step
     lost = sorted(expected, key=lambda k: (expected[k], k))
     unsure = _maybe_trained(history)
@@ -178,7 +232,8 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
             "be told from the history", details={**details, "lost": len(lost)})
     lost = [k for k in lost if (k[1], k[2]) not in unsure]
     details["lost"] = len(lost)
-    details["not_in_reference"] = len(set(uses) - set(ref_uses))  # a data-order change, not a loss
+    details["not_in_reference"] = sum(   # a data-order change, not a loss
+        len(seen.keys() - ref_uses.first.get(group, {}).keys()) for group, seen in uses.first.items())
     if lost:
         drawn: dict[tuple[int, int], Occurrence] = {}
         kept_set = set(kept)
@@ -192,7 +247,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                 "discarded" if where else "; no kept or discarded step drew it")
         advice = ("restore the data position saved with the checkpoint"
                   + (", and give a lost rank's share to the survivors" if len(
-                      {k[0] for k in ref_uses}) > 1 else ""))
+                      ref_uses.roles()) > 1 else ""))
         reduced = sorted(history.reduced_steps())
         if reduced and expected[lost[0]] in reduced:
             # membership mode: a group was down and the quorum trained on without its share
@@ -200,8 +255,8 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
                     "groups, and no group trained the missing groups' samples of those steps")
             advice = ("a fault-tolerant trainer that lets a quorum train on without a group "
                       "drops that group's share of each such step unless it reassigns it")
-        by = f" by a {role} rank" if len({k[0] for k in ref_uses}) > 1 else ""
-        n_run, n_ref = len(uses.get(lost[0], ())), len(ref_uses[lost[0]])
+        by = f" by a {role} rank" if len(ref_uses.roles()) > 1 else ""
+        n_run, n_ref = uses.count(lost[0]), ref_uses.count(lost[0])
         how = ("were never consumed" if n_run == 0 else
                f"were consumed fewer times than in the reference ({n_run} of {n_ref} for the "
                "first; its ids repeat every epoch, so a pass that skipped it shows only in the "

@@ -7,6 +7,7 @@ docstring.
 from __future__ import annotations
 
 import bisect
+from itertools import compress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,20 +118,43 @@ class History(MembershipQueries):
         ix = self._ix
         gen, rank = s.gen, s.rank
         ix.ranks_seen.setdefault(gen, set()).add(rank)
+        if any(e["ev"] in _STEP_KINDS for e in s.other.values()):
+            self._index_in_order(s)   # a per-step event kept as recorded: one loop keeps the order
+            return
+        for pos in sorted(s.other):
+            self._index_other(s, s.other[pos], pos)
+        # the per-step events, a column at a time (the loops over every event run in C)
+        steps, kinds = s.step, s.kind
+        ix.begun.setdefault(gen, set()).update(compress(steps, map(BEGIN.__eq__, kinds)))
+        ended = list(compress(range(len(kinds)), map(END.__eq__, kinds)))
+        ix.ended.setdefault(gen, set()).update(steps[pos] for pos in ended)
+        end_times, records, times = ix.end_times, ix.records, s.t
+        for pos in ended:
+            end_times.setdefault((gen, steps[pos]), {})[rank] = times[pos]
+        for pos in compress(range(len(kinds)), map(RECORD.__eq__, kinds)):
+            records.setdefault((gen, steps[pos]), []).append((s, pos))
+
+    def _index_other(self, s: RankStream, e: Event, pos: int) -> None:
+        """An event kept as recorded (not a per-step one)."""
+        ix, ev = self._ix, e["ev"]
+        if ev not in _STEP_KINDS:
+            ix.kept.setdefault(ev, []).append((s.index[pos], e))
+        if ev == Ev.START:
+            ix.starts.setdefault(s.gen, {})[s.rank] = e
+        elif ev == Ev.RESUMED:
+            ix.resumed.setdefault(s.gen, {}).setdefault(s.rank, e)
+
+    def _index_in_order(self, s: RankStream) -> None:
+        ix = self._ix
+        gen, rank = s.gen, s.rank
         begun, ended = ix.begun.setdefault(gen, set()), ix.ended.setdefault(gen, set())
         end_times, records = ix.end_times, ix.records
         for pos, (code, step) in enumerate(zip(s.kind, s.step)):
             if code == OTHER:
                 e = s.other[pos]
-                ev = e["ev"]
-                if ev not in _STEP_KINDS:
-                    ix.kept.setdefault(ev, []).append((s.index[pos], e))
-                if ev == Ev.START:
-                    ix.starts.setdefault(gen, {})[rank] = e
-                elif ev == Ev.RESUMED:
-                    ix.resumed.setdefault(gen, {}).setdefault(rank, e)
-                elif ev in _STEP_KINDS:
-                    code, step = _STEP_KINDS[ev], int(e["step"])
+                self._index_other(s, e, pos)
+                if e["ev"] in _STEP_KINDS:
+                    code, step = _STEP_KINDS[e["ev"]], int(e["step"])
             if code == BEGIN:
                 begun.add(step)
             elif code == END:
@@ -547,18 +571,30 @@ class History(MembershipQueries):
     def samples(self, gen: int, step: int) -> dict[int, list[tuple[int, int]]]:
         """rank -> the (epoch, sample id) pairs it recorded in this occurrence, in order
         (membership mode: in its attempts that ended and whose gradient counted)."""
-        out: dict[int, list[tuple[int, int]]] = {}
+        return {rank: [(epoch, x) for epoch, ids in drawn for x in ids]
+                for rank, drawn in self.drawn(gen, step).items()}
+
+    def drawn(self, gen: int, step: int) -> dict[int, list[tuple[int, list[int]]]]:
+        """``samples`` grouped: rank -> (epoch, sample ids) of each record, in order; no pair
+        is built per sample (a thousand ranks' run holds millions)."""
+        out: dict[int, list[tuple[int, list[int]]]] = {}
         if self.replica_groups is not None:
             for a in self._attempts_of(gen, step):  # a zeroed gradient trained nothing
                 if a.ended and a.samples and a.participating is not False:
-                    out.setdefault(a.rank, []).extend(a.samples)
+                    groups = out.setdefault(a.rank, [])
+                    for epoch, x in a.samples:
+                        if groups and groups[-1][0] == epoch:
+                            groups[-1][1].append(x)
+                        else:
+                            groups.append((epoch, [x]))
             return out
         first: dict[int, int] = {}   # rank -> its first record's position: ranks in history order
         for s, p in self._ix.records.get((gen, step), ()):
             samples = s.value(p, "samples")
             if samples is not None:
                 epoch = int(s.value(p, "epoch", 0) or 0)
-                out.setdefault(s.rank, []).extend((epoch, int(x)) for x in samples)
+                ids = [int(x) for x in samples]
+                out.setdefault(s.rank, []).append((epoch, ids))
                 first.setdefault(s.rank, s.index[p])
         if len(out) > 1 and list(first.values()) != sorted(first.values()):
             out = {r: out[r] for r in sorted(out, key=first.__getitem__)}
