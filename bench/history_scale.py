@@ -28,6 +28,7 @@ from pathlib import Path
 from pytest_reshard.contract import Ev, RunDir, encode_event
 
 SAVE_EVERY, PER_RANK = 10, 2
+CHECKS = ("no_rewind", "liveness", "state_equivalence", "exactly_once_samples", "loss_continuity")
 
 
 def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
@@ -70,7 +71,7 @@ def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
                     lines.append({"ev": Ev.CKPT_SAVE, "gen": gen, "rank": rank, "step": step,
                                   "digest": {"model": f"m{step}"} if rank == 0 else {}, "t": tt})
             else:
-                lines.append({"ev": Ev.EXIT, "gen": gen, "rank": rank, "code": 0})
+                lines.append({"ev": Ev.EXIT, "gen": gen, "rank": rank, "code": 0, "t": t + last})
             with open(run.rank_events(gen, rank), "wb") as f:
                 f.writelines(encode_event({"t": t, **e}) for e in lines)
             count += len(lines)
@@ -92,20 +93,27 @@ def judge(folder: str, clean: str) -> None:
     from pytest_reshard.checkers import (exactly_once_samples, liveness, loss_continuity,
                                          no_rewind, state_equivalence)
     from pytest_reshard.history import History
+    try:
+        from pytest_reshard.history.loading import without_gc
+    except ImportError:   # a commit from before it (bench/before_after.py)
+        from contextlib import nullcontext as without_gc
 
     out: dict[str, float | str] = {}
     t0 = time.perf_counter()
     h = History.load(folder)
-    ref = History.load(clean)
     out["load_s"] = time.perf_counter() - t0
-    for name, fn in (("no_rewind", no_rewind), ("liveness", liveness),
-                     ("state_equivalence", state_equivalence),
-                     ("exactly_once_samples", lambda x: exactly_once_samples(x, reference=ref)),
-                     ("loss_continuity", lambda x: loss_continuity(x, reference=ref))):
-        t1 = time.perf_counter()
-        v = fn(h)
-        out[f"{name}_s"] = time.perf_counter() - t1
-        out[name] = v.status
+    t0 = time.perf_counter()
+    ref = History.load(clean)
+    out["load_reference_s"] = time.perf_counter() - t0
+    with without_gc():   # as checkers.run_all judges
+        for name, fn in (("no_rewind", no_rewind), ("liveness", liveness),
+                         ("state_equivalence", state_equivalence),
+                         ("exactly_once_samples", lambda x: exactly_once_samples(x, reference=ref)),
+                         ("loss_continuity", lambda x: loss_continuity(x, reference=ref))):
+            t1 = time.perf_counter()
+            v = fn(h)
+            out[f"{name}_s"] = time.perf_counter() - t1
+            out[name] = v.status
     out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(out), flush=True)
 
@@ -115,6 +123,8 @@ def main() -> None:
     p.add_argument("--ranks", default="16,64,256")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--restarts", type=int, default=2)
+    p.add_argument("--json", action="store_true",
+                   help="print the largest size's figures as one JSON line (bench/before_after.py)")
     p.add_argument("--judge", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.judge:
@@ -131,19 +141,27 @@ def main() -> None:
             if done.returncode:
                 raise SystemExit(done.stderr[-2000:])
             m = json.loads(done.stdout.strip().splitlines()[-1])
-            judged = sum(v for k, v in m.items() if k.endswith("_s") and k != "load_s")
+            judged = sum(m[f"{k}_s"] for k in CHECKS)
             rows.append((ranks, events, m, judged))
-            print(f"{ranks:5d} ranks, {events:9d} events: load {m['load_s']:.2f} s (with the "
-                  f"clean run's), judge {judged:.2f} s, peak {m['peak_mb']:.0f} MB; "
-                  + ", ".join(f"{k} {m[k]} {m[k + '_s']:.2f} s" for k in
-                              ("no_rewind", "liveness", "state_equivalence",
-                               "exactly_once_samples", "loss_continuity")), flush=True)
+            print(f"{ranks:5d} ranks, {events:9d} events: load {m['load_s']:.2f} s (the clean "
+                  f"run's {m['load_reference_s']:.2f} s), judge {judged:.2f} s, peak "
+                  f"{m['peak_mb']:.0f} MB; " + ", ".join(f"{k} {m[k]} {m[k + '_s']:.2f} s"
+                                                      for k in CHECKS), flush=True)
     base = rows[0]
-    print(f"\n{'ranks':>6s} {'events':>10s} {'load s':>8s} {'judge s':>8s} {'peak MB':>8s} "
-          f"{'x events':>9s} {'x time':>7s}")
+    print(f"\n{'ranks':>6s} {'events':>10s} {'load s':>7s} {'judge s':>8s} {'total s':>8s} "
+          f"{'+ref load s':>12s} {'peak MB':>8s} {'x events':>9s} {'x time':>7s}")
     for ranks, events, m, judged in rows:
-        print(f"{ranks:6d} {events:10d} {m['load_s']:8.2f} {judged:8.2f} {m['peak_mb']:8.0f} "
-              f"{events / base[1]:9.1f} {(m['load_s'] + judged) / (base[2]['load_s'] + base[3]):7.1f}")
+        total = m["load_s"] + judged
+        print(f"{ranks:6d} {events:10d} {m['load_s']:7.2f} {judged:8.2f} {total:8.2f} "
+              f"{m['load_reference_s']:12.2f} {m['peak_mb']:8.0f} {events / base[1]:9.1f} "
+              f"{total / (base[2]['load_s'] + base[3]):7.1f}")
+    if args.json:
+        _, _, m, judged = rows[-1]
+        print("JSON " + json.dumps({"load_s": m["load_s"], "judge_s": judged,
+                                    "reference_load_s": m["load_reference_s"],
+                                    "peak_mb": m["peak_mb"]}))
+    print("\ntotal: the run loaded and judged (the judging includes the checks against the "
+          "clean run); +ref load: reading the clean run, a second history of the same size")
 
 
 if __name__ == "__main__":
