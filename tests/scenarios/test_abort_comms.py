@@ -17,7 +17,6 @@ def test_the_lm_resumes_after_a_communicator_abort_with_nothing_lost(reshard_run
     assert [g.cause for g in result.history.generations.values()] == ["failure", "complete"]
 
 
-@pytest.mark.nightly   # the CI budget: a stall's stack shows in test_network_faults' hang
 def test_a_job_that_retries_on_a_dead_group_stalls_and_shows_its_stack(reshard_run):
     result = reshard_run("../workloads/ddp_train.py", world_size=2, steps=8, stall_s=4,
                          args=["--retry-comm-errors"],

@@ -131,6 +131,7 @@ def ci_image():
     return client, tag
 
 
+@pytest.mark.nightly   # the CI budget (building the image is 40 s): the venv gate runs in CI
 def test_docker_backend_runs_the_gate_against_a_real_engine(tmp_path, ci_image):
     """Old stack in a container (host networking, the checkout mounted read-only), new stack in
     this venv with a planted regression: both named; the container's checkpoint, written at 4
