@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import gc
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from functools import partial
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Iterator
 from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Damaged, Ev,
                                      RunDir, Torn, read_jsonl)
 from pytest_reshard.history.records import Event
-from pytest_reshard.history.streams import Recorded
+from pytest_reshard.history.streams import RankStream, Recorded, shape_table
 
 __all__ = ["HistoryError", "load_events", "validate", "is_supervisor", "without_gc"]
 
@@ -53,28 +57,65 @@ def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[D
     events = Recorded()
     torn: list[Torn] = []
     damaged: list[Damaged] = []
-    for path in files:
-        file_events, file_torn, file_damaged = read_jsonl(path)
-        torn += file_torn
-        damaged += file_damaged
-        m = RANK_FILE.fullmatch(path.name)
-        if m:   # a rank file: its name says which generation and rank wrote it
-            gen, rank = int(m.group(1)), int(m.group(2))
-            refused = events.add_rank_file(gen, rank, file_events,
-                                           partial(_in_rank_file, gen=gen, rank=rank))
-            damaged += [Damaged(str(path), lineno, why) for lineno, why in refused]
-            continue
-        for lineno, e in file_events:
-            try:
-                validate(e)
-                if not is_supervisor(e):
-                    raise HistoryError(f"rank event {e['ev']!r} in the supervisor's file")
-            except HistoryError as err:
-                damaged.append(Damaged(str(path), lineno, str(err)))
+    rank_files = [p for p in files if RANK_FILE.fullmatch(p.name)]
+    with _parsing(rank_files) as parsed:
+        for path in files:
+            if RANK_FILE.fullmatch(path.name):
+                stream, shapes, refused, file_torn, file_damaged = next(parsed)
+                events.adopt(stream, shapes)
+                damaged += file_damaged + [Damaged(str(path), n, why) for n, why in refused]
+                torn += file_torn
                 continue
-            events.add(e, float(e.get("t", 0.0)))
+            file_events, file_torn, file_damaged = read_jsonl(path)
+            torn += file_torn
+            damaged += file_damaged
+            for lineno, e in file_events:
+                try:
+                    validate(e)
+                    if not is_supervisor(e):
+                        raise HistoryError(f"rank event {e['ev']!r} in the supervisor's file")
+                except HistoryError as err:
+                    damaged.append(Damaged(str(path), lineno, str(err)))
+                    continue
+                events.add(e, float(e.get("t", 0.0)))
     events.order(by_key=True)  # stable: file order within equal times
     return events, torn, damaged, root.root
+
+
+#: Rank files of more bytes than this in all are parsed by a pool of processes, one per CPU: a
+#: thousand ranks' history holds millions of events, and parsing them is most of judging them.
+PARALLEL_BYTES = 64 << 20
+
+_Parsed = tuple[RankStream, list[tuple[str, ...]] | None, list[tuple[int, str]], list[Torn],
+                list[Damaged]]
+
+
+@contextmanager
+def _parsing(rank_files: list[Path]) -> Iterator[Iterator[_Parsed]]:
+    """Each rank file parsed (``_parse_rank_file``), in order: here, or in a pool of processes
+    when they are big and this machine has CPUs to spare."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # Forked: spawned processes would run the caller's main script again. Forking is safe only
+    # in a process that runs no other thread (a session loading its reference runs on one is).
+    if cpus < 2 or threading.active_count() > 1 or not hasattr(os, "fork") \
+            or sum(p.stat().st_size for p in rank_files) < PARALLEL_BYTES:
+        yield map(_parse_rank_file, rank_files)
+        return
+    with ProcessPoolExecutor(cpus, mp_context=get_context("fork")) as pool:
+        yield pool.map(partial(_parse_rank_file, apart=True), rank_files,
+                       chunksize=max(1, len(rank_files) // (8 * cpus)))
+
+
+def _parse_rank_file(path: Path, *, apart: bool = False) -> _Parsed:
+    """A rank file as a stream, the lines it refused (line number, why), its torn last line and
+    its damaged lines; ``apart``: in a process of the pool, whose ``shape_table()`` comes too."""
+    m = RANK_FILE.fullmatch(path.name)
+    assert m is not None
+    gen, rank = int(m.group(1)), int(m.group(2))
+    file_events, torn, damaged = read_jsonl(path)
+    stream = RankStream(gen, rank)
+    refused = stream.take(file_events, partial(_in_rank_file, gen=gen, rank=rank))
+    return stream, shape_table() if apart else None, refused, torn, damaged
 
 
 def _in_rank_file(e: Event, gen: int, rank: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
 from pytest_reshard.history.records import Event
 
-__all__ = ["RankStream", "Recorded", "OTHER", "BEGIN", "END", "POINT", "RECORD"]
+__all__ = ["RankStream", "Recorded", "shape_table", "OTHER", "BEGIN", "END", "POINT", "RECORD"]
 
 #: A stream's kind codes: ``OTHER`` is an event kept as recorded.
 OTHER, BEGIN, END, POINT, RECORD = range(5)
@@ -43,6 +43,11 @@ def _shape(keys: tuple[str, ...]) -> int:
                 _SHAPES.append((keys, tuple(k for k in keys if k not in _USUAL)))
                 sid = _SHAPE_IDS[keys] = len(_SHAPES) - 1
     return sid
+
+
+def shape_table() -> list[tuple[str, ...]]:
+    """The field orders seen in this process, by id (``Recorded.adopt`` maps another's)."""
+    return [keys for keys, _ in _SHAPES]
 
 
 class RankStream:
@@ -84,6 +89,41 @@ class RankStream:
         self.step.append(step)
         self.t.append(t)
         self.extra.append(extra)
+
+    def take(self, lines: Sequence[tuple[int, Event]],
+             check: Callable[[Event], None]) -> list[tuple[int, str]]:
+        """Append the events of this rank's file: ``(line number, event)`` pairs in file order.
+        A well-formed per-step event of this rank goes straight into the columns; any other is
+        appended only if ``check`` (which raises ``ValueError`` saying why) accepts it. Returns
+        the ``(line number, why)`` of those it refused."""
+        refused: list[tuple[int, str]] = []
+        gen, rank, codes, shapes, ids = self.gen, self.rank, _CODES, _SHAPES, _SHAPE_IDS
+        kind, shape, steps, times, extra = self.kind, self.shape, self.step, self.t, self.extra
+        for lineno, e in lines:   # the loop of a million events: add()'s checks, inlined
+            ev, t, step = e.get("ev"), e.get("t", 0.0), e.get("step")
+            code = codes.get(ev, OTHER) if type(ev) is str else OTHER
+            g, r = e.get("gen"), e.get("rank")
+            if code and type(t) is float and type(step) is int and -_INT64 <= step < _INT64 \
+                    and type(g) is int and type(r) is int and g == gen and r == rank:
+                keys = tuple(e)
+                sid = ids.get(keys)
+                if sid is None:
+                    sid = _shape(keys)
+                more = shapes[sid][1]
+                kind.append(code)
+                shape.append(sid)
+                steps.append(step)
+                times.append(t)
+                extra.append((e[more[0]] if more else None) if len(more) <= 1
+                             else tuple(e[k] for k in more))
+                continue
+            try:
+                check(e)
+            except ValueError as err:
+                refused.append((lineno, str(err)))
+                continue
+            self.add(e)
+        return refused
 
     def fields(self, pos: int) -> dict[str, Any]:
         """A compact event's fields beyond the usual ones, by name."""
@@ -157,49 +197,29 @@ class Recorded:
             self._runs.append([s, 1])
         self._keys.append(key)
 
-    def add_rank_file(self, gen: int, rank: int, lines: Sequence[tuple[int, Event]],
-                      check: Callable[[Event], None]) -> list[tuple[int, str]]:
-        """Append the events of rank ``rank``'s file of generation ``gen``: ``(line number,
-        event)`` pairs in file order. A well-formed per-step event of that rank goes straight
-        into its columns; any other is appended only if ``check`` (which raises ``ValueError``
-        saying why) accepts it. Returns the ``(line number, why)`` of those it refused."""
-        s = self.stream(gen, rank)
-        first = len(s)
-        refused: list[tuple[int, str]] = []
-        codes, shapes, ids = _CODES, _SHAPES, _SHAPE_IDS
-        kind, shape, steps, times, extra = s.kind, s.shape, s.step, s.t, s.extra
-        for lineno, e in lines:   # the loop of a million events: add()'s checks, inlined
-            ev, t, step = e.get("ev"), e.get("t", 0.0), e.get("step")
-            code = codes.get(ev, OTHER) if type(ev) is str else OTHER
-            g, r = e.get("gen"), e.get("rank")
-            if code and type(t) is float and type(step) is int and -_INT64 <= step < _INT64 \
-                    and type(g) is int and type(r) is int and g == gen and r == rank:
-                keys = tuple(e)
-                sid = ids.get(keys)
-                if sid is None:
-                    sid = _shape(keys)
-                more = shapes[sid][1]
-                kind.append(code)
-                shape.append(sid)
-                steps.append(step)
-                times.append(t)
-                extra.append((e[more[0]] if more else None) if len(more) <= 1
-                             else tuple(e[k] for k in more))
-                continue
-            try:
-                check(e)
-            except ValueError as err:
-                refused.append((lineno, str(err)))
-                continue
-            s.add(e)
-        keys_ = s.t[first:]
-        for pos, e in s.other.items():
-            if pos >= first:
-                keys_[pos - first] = float(e.get("t", 0.0))
+    def adopt(self, s: RankStream, shapes: Sequence[tuple[str, ...]] | None = None) -> None:
+        """Append a stream built apart (``RankStream.take``), by this process or, with
+        ``shapes`` (its ``shape_table()``, which its shape ids index), by another."""
+        if shapes is not None:
+            ids = [_shape(keys) for keys in shapes]
+            if ids != list(range(len(ids))):
+                s.shape = array("I", map(ids.__getitem__, s.shape))
+        mine = self.streams.get((s.gen, s.rank))
+        if mine is not None:   # a second file of one rank and generation (g01-r1, g1-r1)
+            first = len(mine)
+            for p in range(len(s)):
+                mine.add(s.event(p))
+            s = mine
+        else:
+            first = 0
+            self.streams[(s.gen, s.rank)] = s
         if len(s) > first:
+            keys = s.t[first:]   # each event's time: the column's, or an event kept whole's own
+            for pos, e in s.other.items():
+                if pos >= first:
+                    keys[pos - first] = float(e.get("t", 0.0))
             self._runs.append([s, len(s) - first])
-            self._keys.extend(keys_)
-        return refused
+            self._keys.extend(keys)
 
     def stream(self, gen: int, rank: int) -> RankStream:
         s = self.streams.get((gen, rank))

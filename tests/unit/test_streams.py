@@ -54,7 +54,9 @@ def test_more_field_orders_than_a_uint16_counts() -> None:
     n = 70_000   # past 65,535: the shape ids must not overflow
     recorded = Recorded()
     events = _events("wide", n)
-    assert recorded.add_rank_file(0, 0, list(enumerate(events, 1)), lambda e: None) == []
+    stream = RankStream(0, 0)
+    assert stream.take(list(enumerate(events, 1)), lambda e: None) == []
+    recorded.adopt(stream)
     recorded.order(by_key=False)
     s = recorded.streams[(0, 0)]
     assert s.event(n - 1) == events[-1] and s.event(0) == events[0]
