@@ -29,6 +29,8 @@ _INT64 = 1 << 63
 #: The field orders seen (shared by every stream), and each one's fields beyond the usual ones.
 _SHAPES: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 _SHAPE_IDS: dict[tuple[str, ...], int] = {}
+#: Each field order's fields beyond the usual ones -> where in ``extra`` (-1: the one value).
+_FIELD_AT: list[dict[str, int]] = []
 #: Held to add a field order: histories load on several threads at once (the session's
 #: reference runs on a background one), and two new orders must not get the same id.
 _SHAPES_LOCK = threading.Lock()
@@ -40,7 +42,9 @@ def _shape(keys: tuple[str, ...]) -> int:
         with _SHAPES_LOCK:
             sid = _SHAPE_IDS.get(keys)
             if sid is None:   # the shape is in the table before its id is handed out
-                _SHAPES.append((keys, tuple(k for k in keys if k not in _USUAL)))
+                more = tuple(k for k in keys if k not in _USUAL)
+                _SHAPES.append((keys, more))
+                _FIELD_AT.append({more[0]: -1} if len(more) == 1 else {k: i for i, k in enumerate(more)})
                 sid = _SHAPE_IDS[keys] = len(_SHAPES) - 1
     return sid
 
@@ -133,12 +137,12 @@ class RankStream:
 
     def value(self, pos: int, name: str, default: Any = None) -> Any:
         """One field of the event at ``pos`` (``default`` where it has none)."""
-        if self.kind[pos] == OTHER or name in _USUAL:
-            return self.event(pos).get(name, default)
-        names = _SHAPES[self.shape[pos]][1]
-        if name not in names:
-            return default
-        return self.extra[pos] if len(names) == 1 else self.extra[pos][names.index(name)]
+        if self.kind[pos] and name not in _USUAL:   # called millions of times: one lookup
+            at = _FIELD_AT[self.shape[pos]].get(name)
+            if at is None:
+                return default
+            return self.extra[pos] if at < 0 else self.extra[pos][at]
+        return self.event(pos).get(name, default)
 
     def event(self, pos: int) -> Event:
         """The event at ``pos`` as recorded."""
