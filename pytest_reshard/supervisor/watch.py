@@ -86,8 +86,8 @@ class Watch:
     def guarded(self) -> bool:
         """A rank of this generation recorded that its own check caught corrupted state
         (``run.detected``): a death that follows is the workload stopping itself."""
-        return any(name_of(e) == Ev.NOTE and e.get("what") == GUARD
-                   for r in range(self.world_size) for e in self.tail.events(self.gen, r))
+        return any(self._note(e, GUARD) for r in range(self.world_size)
+                   for e in self.tail.events(self.gen, r))
 
     def settle(self, ranks: list[int] | set[int]) -> None:
         """These ranks' exits need no judging (gone by plan, or down for a restart)."""
