@@ -23,7 +23,7 @@ and nothing else:
 Two processes recorded as the same rank of one generation cannot both be it: the second file's
 start is reported as damaged, and nothing is judged.
 
-The history's order is by generation, then by each event's time (``_history_order``): the clocks
+The history's order is by generation, then by each event's time (``load_recorded``): the clocks
 of different hosts differ, so within a generation a timeline across hosts is as good as their
 NTP, but no host's skew can reorder the generations.
 """
@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from functools import partial
+from itertools import compress
 from typing import Any, Iterable, Sequence
 
 from pytest_reshard.contract import (PREEMPT_SIGNAL, RECORD_FILE, SUPERVISOR_EVENTS, Cause,
@@ -39,6 +41,7 @@ from pytest_reshard.contract import (PREEMPT_SIGNAL, RECORD_FILE, SUPERVISOR_EVE
 from pytest_reshard.history.loading import HistoryError, validate
 from pytest_reshard.history.queries import History
 from pytest_reshard.history.records import Event
+from pytest_reshard.history.streams import BEGIN, END, POINT, RankStream, Recorded
 
 __all__ = ["Incarnation", "recorded_files", "incarnation_of", "generations_of", "supervisor_events",
            "load_recorded", "is_recorded"]
@@ -131,27 +134,27 @@ def generations_of(incarnations: Sequence[Incarnation]) -> list[int]:
     return [number[k] for k in keys]
 
 
-def supervisor_events(by_gen: dict[int, list[Event]],
+def supervisor_events(by_gen: dict[int, list[RankStream]],
                       starts: dict[int, dict[int, Incarnation]]) -> list[Event]:
     """The supervisor's events a recorded history lacks, derived from its ranks' events
-    (``by_gen``: each generation's rank events; ``starts``: its incarnations by rank): a
+    (``by_gen``: each generation's streams; ``starts``: its incarnations by rank): a
     ``gen_start`` and a ``gen_end`` per generation, and a ``scenario`` when the target step
     can be told (module docstring)."""
     out: list[Event] = []
     final = max(by_gen, default=None)
     target: int | None = None
     for gen in sorted(by_gen):
-        events, incs = by_gen[gen], starts.get(gen, {})
+        streams, incs = by_gen[gen], starts.get(gen, {})
         world = max([inc.world_size for inc in incs.values()] + [max(incs, default=-1) + 1])
         launchers = {inc.launcher for inc in incs.values() if inc.launcher}
         launcher = launchers.pop() if len(launchers) == 1 else UNKNOWN_LAUNCHER
         roles = [incs[r].role if r in incs else "trainer" for r in range(world)]
-        t0 = min((float(e["t"]) for e in events), default=0.0)
-        t1 = max((float(e["t"]) for e in events), default=t0)
+        times = [t for st in streams for t in _span(st)]
+        t0, t1 = min(times, default=0.0), max(times, default=0.0)
         # just before its first event and just after its last: the history's order is by time
         out.append({"ev": Ev.GEN_START.value, "t": t0 - 1e-6, "gen": gen, "world_size": world,
                     "roles": roles, "launcher": launcher, "recorded": True})
-        cause, planned, detail = _ending(events, incs, world)
+        cause, planned, detail = _ending(streams, incs, world)
         out.append({"ev": Ev.GEN_END.value, "t": t1 + 1e-6, "gen": gen, "cause": cause.value,
                     "planned": planned, "fault_id": None, "detail": detail, "recorded": True})
         if gen == final:
@@ -159,7 +162,7 @@ def supervisor_events(by_gen: dict[int, list[Event]],
             if declared:
                 target = max(declared)
             elif cause is Cause.COMPLETE:
-                committed = _committed(events, world)
+                committed = _committed(streams, world)
                 target = max(committed) + 1 if committed else None
             if target is not None:
                 out.insert(0, {"ev": Ev.SCENARIO.value, "t": min(float(e["t"]) for e in out) - 1e-6,
@@ -172,15 +175,22 @@ def supervisor_events(by_gen: dict[int, list[Event]],
     return out
 
 
+def _span(s: RankStream) -> tuple[float, ...]:
+    """The earliest and the latest time of a stream's events (none when it has none)."""
+    times = [*compress(s.t, s.kind), *(float(e["t"]) for e in s.other.values())]
+    return (min(times), max(times)) if times else ()
+
+
 def _script(starts: dict[int, dict[int, Incarnation]]) -> str:
     """The job's script as its processes named it (``recorded job`` when they did not)."""
     names = sorted({i.script for gs in starts.values() for i in gs.values() if i.script})
     return ", ".join(names) or "recorded job"
 
 
-def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
+def _ending(streams: Sequence[RankStream], incs: dict[int, Incarnation],
             world: int) -> tuple[Cause, bool, str]:
     """How a generation ended, from its ranks' own events: (cause, planned, detail)."""
+    events = [e for st in streams for e in st.other.values()]   # exits, signals, requests
     closed = {int(e["rank"]) for e in events
               if e["ev"] == Ev.EXIT and e.get("code") == 0 and not e.get("moved_to")}
     sigterm = {int(e["rank"]) for e in events
@@ -200,10 +210,13 @@ def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
                   if blind else "")
         return Cause.COMPLETE, True, f"every rank closed (run.close()){unseen}"
     last: dict[int, tuple[int, str, str]] = {}
-    for e in events:
-        if "step" in e and e["ev"] in (Ev.BEGIN, Ev.POINT, Ev.END, Ev.ERROR):
-            error = f": {str(e.get('error') or '')[:160]}" if e["ev"] == Ev.ERROR else ""
-            last[int(e["rank"])] = (int(e["step"]), str(e.get("phase") or e["ev"]), error)
+    for st in streams:
+        for pos in reversed(range(len(st))):   # its last step event
+            e = st.event(pos) if st.kind[pos] in _LAST_KINDS or pos in st.other else None
+            if e is not None and "step" in e and e["ev"] in (Ev.BEGIN, Ev.POINT, Ev.END, Ev.ERROR):
+                error = f": {str(e.get('error') or '')[:160]}" if e["ev"] == Ev.ERROR else ""
+                last[st.rank] = (int(e["step"]), str(e.get("phase") or e["ev"]), error)
+                break
     said = []
     for r in missing:
         who = incs[r].describe() if r in incs else f"rank {r} (never attached)"
@@ -217,12 +230,17 @@ def _ending(events: Sequence[Event], incs: dict[int, Incarnation],
             "how a process ended (see the job's own logs)")
 
 
-def _committed(events: Iterable[Event], world: int) -> set[int]:
+def _committed(streams: Iterable[RankStream], world: int) -> set[int]:
     ended: dict[int, set[int]] = {}
-    for e in events:
-        if e["ev"] == Ev.END:
-            ended.setdefault(int(e["step"]), set()).add(int(e["rank"]))
+    for st in streams:
+        for step in {*compress(st.step, map(END.__eq__, st.kind)),
+                     *(int(e["step"]) for e in st.other.values() if e["ev"] == Ev.END)}:
+            ended.setdefault(step, set()).add(st.rank)
     return {s for s, ranks in ended.items() if ranks >= set(range(world))}
+
+
+#: The per-step kinds a stream holds as columns that can be a rank's last step event.
+_LAST_KINDS = frozenset({BEGIN, POINT, END})
 
 
 def load_recorded(folder: str | Path) -> History:
@@ -237,35 +255,34 @@ def load_recorded(folder: str | Path) -> History:
                            "RESHARD_RECORD set to this folder, or probe.attach(record=...)?")
     torn: list[Torn] = []
     damaged: list[Damaged] = []
-    incarnations: list[Incarnation] = []
-    bodies: list[list[dict[str, Any]]] = []
+    parsed: list[tuple[Incarnation, RankStream]] = []
     for path in files:
         numbered, file_torn, file_damaged = read_jsonl(path)
         torn += file_torn
         damaged += file_damaged
-        rank = int(_match(path).group(1))
-        good: list[dict[str, Any]] = []
-        for lineno, e in numbered:
+        check = partial(_in_record_file, rank=int(_match(path).group(1)))
+        first = None
+        for i, (lineno, e) in enumerate(numbered):   # what comes before its start is damaged
             try:
-                validate(e)
-                if e["ev"] in SUPERVISOR_EVENTS:
-                    raise HistoryError(f"supervisor event {e['ev']!r} in a rank's file")
-                if e["rank"] != rank:
-                    raise HistoryError(f"event of rank {e['rank']} in the file of rank {rank}")
-                if not good and e["ev"] != Ev.START:
+                check(e)
+                if e["ev"] != Ev.START:
                     raise HistoryError("the file's first event is not its start (probe.attach())")
             except HistoryError as err:
                 damaged.append(Damaged(str(path), lineno, str(err)))
                 continue
-            good.append(dict(e))
-        if not good:
+            first = i
+            break
+        if first is None:
             continue
-        incarnations.append(incarnation_of(path, good[0]))
-        bodies.append(good)
-    gens = generations_of(incarnations)
+        start = numbered[first][1]
+        stream = RankStream(start["gen"], start["rank"])   # its generation is derived below
+        refused = stream.take(numbered[first:], check)
+        damaged += [Damaged(str(path), n, why) for n, why in refused]
+        parsed.append((incarnation_of(path, start), stream))
+    gens = generations_of([inc for inc, _ in parsed])
     starts: dict[int, dict[int, Incarnation]] = {}
-    by_gen: dict[int, list[Event]] = {}
-    for inc, gen, body in zip(incarnations, gens, bodies):
+    by_gen: dict[int, list[RankStream]] = {}
+    for (inc, stream), gen in zip(parsed, gens):
         other = starts.setdefault(gen, {}).get(inc.rank)
         if other is not None:
             damaged.append(Damaged(str(inc.path), 1, f"a second process recorded as rank "
@@ -274,22 +291,38 @@ def load_recorded(folder: str | Path) -> History:
                                    "launches its launcher did not count apart?", written=False))
             continue
         starts[gen][inc.rank] = inc
-        for raw in body:
-            raw["gen"] = gen
-        by_gen.setdefault(gen, []).extend(body)
-    events: list[Event] = [e for gen in sorted(by_gen) for e in by_gen[gen]]
-    events += supervisor_events(by_gen, starts)
-    events.sort(key=_history_order)
-    return History(events, torn=torn, damaged=damaged, run_dir=root)
+        stream.gen = gen
+        stream.other = {pos: {**kept, "gen": gen} for pos, kept in stream.other.items()}
+        by_gen.setdefault(gen, []).append(stream)
+    derived = supervisor_events(by_gen, starts)
+    # The history's order (module docstring): by generation, then time, as one number: each
+    # generation's times shifted into a band of its own, wider than the whole recording.
+    # Hosts' clocks differ, so time alone would let one host's skew put a generation before the
+    # one it followed. The scenario record, which has no generation, comes first.
+    times = [t for streams in by_gen.values() for st in streams for t in _span(st)]
+    times += [float(e["t"]) for e in derived]
+    t0 = min(times, default=0.0)
+    band = max(times, default=0.0) - t0 + 1.0
+
+    def shift(gen: int) -> float:
+        return (gen + 1) * band - t0
+
+    recorded = Recorded()
+    for gen in sorted(by_gen):
+        for stream in by_gen[gen]:
+            recorded.adopt(stream, shift=shift(gen))
+    for made in derived:
+        recorded.add(made, float(made["t"]) + shift(made["gen"] if "gen" in made else -1))
+    recorded.order(by_key=True)   # stable: within a time, the files' order, then the derived
+    return History(recorded, torn=torn, damaged=damaged, run_dir=root)
 
 
-def _history_order(e: Event) -> tuple[int, float]:
-    """By generation, then time (the sort is stable: each file's order within a time). Hosts'
-    clocks differ, so time alone would let one host's skew put a generation before the one it
-    followed; the generations' order comes from the start events (``generations_of``). The
-    scenario record, which has no generation, comes first."""
-    gen = e.get("gen")
-    return (gen if isinstance(gen, int) else -1, float(e.get("t", 0.0)))
+def _in_record_file(e: Event, rank: int) -> None:
+    validate(e)
+    if e["ev"] in SUPERVISOR_EVENTS:
+        raise HistoryError(f"supervisor event {e['ev']!r} in a rank's file")
+    if e["rank"] != rank:
+        raise HistoryError(f"event of rank {e['rank']} in the file of rank {rank}")
 
 
 def _match(path: Path) -> re.Match[str]:

@@ -201,9 +201,11 @@ class Recorded:
             self._runs.append([s, 1])
         self._keys.append(key)
 
-    def adopt(self, s: RankStream, shapes: Sequence[tuple[str, ...]] | None = None) -> None:
+    def adopt(self, s: RankStream, shapes: Sequence[tuple[str, ...]] | None = None, *,
+              shift: float = 0.0) -> None:
         """Append a stream built apart (``RankStream.take``), by this process or, with
-        ``shapes`` (its ``shape_table()``, which its shape ids index), by another."""
+        ``shapes`` (its ``shape_table()``, which its shape ids index), by another; ``shift``
+        is added to its events' times to order them (their key)."""
         if shapes is not None:
             ids = [_shape(keys) for keys in shapes]
             if ids != list(range(len(ids))):
@@ -223,7 +225,7 @@ class Recorded:
                 if pos >= first:
                     keys[pos - first] = float(e.get("t", 0.0))
             self._runs.append([s, len(s) - first])
-            self._keys.extend(keys)
+            self._keys.extend(keys if not shift else array("d", (t + shift for t in keys)))
 
     def stream(self, gen: int, rank: int) -> RankStream:
         s = self.streams.get((gen, rank))
