@@ -9,13 +9,13 @@ from contextlib import contextmanager
 from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 from pytest_reshard.contract import (RANK_FILE, STEP_EVENTS, SUPERVISOR_EVENTS, Damaged, Ev,
                                      RunDir, Torn, read_jsonl)
 from pytest_reshard.history.records import Event
 from pytest_reshard.history.streams import RankStream, Recorded, shape_table
 
-__all__ = ["HistoryError", "load_events", "validate", "is_supervisor", "without_gc"]
+__all__ = ["HistoryError", "load_events", "validate", "is_supervisor", "without_gc", "parsing"]
 
 
 class HistoryError(ValueError):
@@ -58,7 +58,7 @@ def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[D
     torn: list[Torn] = []
     damaged: list[Damaged] = []
     rank_files = [p for p in files if RANK_FILE.fullmatch(p.name)]
-    with _parsing(rank_files) as parsed:
+    with parsing(_parse_rank_file, rank_files) as parsed:
         for path in files:
             if RANK_FILE.fullmatch(path.name):
                 stream, shapes, refused, file_torn, file_damaged = next(parsed)
@@ -88,22 +88,23 @@ PARALLEL_BYTES = 64 << 20
 
 _Parsed = tuple[RankStream, list[tuple[str, ...]] | None, list[tuple[int, str]], list[Torn],
                 list[Damaged]]
+T = TypeVar("T")
 
 
 @contextmanager
-def _parsing(rank_files: list[Path]) -> Iterator[Iterator[_Parsed]]:
-    """Each rank file parsed (``_parse_rank_file``), in order: here, or in a pool of processes
-    when they are big and this machine has CPUs to spare."""
+def parsing(parse: Callable[..., T], files: list[Path]) -> Iterator[Iterator[T]]:
+    """``parse(path)`` of each file, in order: here, or ``parse(path, apart=True)`` in a pool of
+    processes when the files are big and this machine has CPUs to spare (``parse`` must be a
+    module's function, and what it returns must pickle)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     # Forked: spawned processes would run the caller's main script again. Forking is safe only
     # in a process that runs no other thread (a session loading its reference runs on one is).
     if cpus < 2 or threading.active_count() > 1 or not hasattr(os, "fork") \
-            or sum(p.stat().st_size for p in rank_files) < PARALLEL_BYTES:
-        yield map(_parse_rank_file, rank_files)
+            or sum(p.stat().st_size for p in files) < PARALLEL_BYTES:
+        yield map(parse, files)
         return
     with ProcessPoolExecutor(cpus, mp_context=get_context("fork")) as pool:
-        yield pool.map(partial(_parse_rank_file, apart=True), rank_files,
-                       chunksize=max(1, len(rank_files) // (8 * cpus)))
+        yield pool.map(partial(parse, apart=True), files, chunksize=max(1, len(files) // (8 * cpus)))
 
 
 def _parse_rank_file(path: Path, *, apart: bool = False) -> _Parsed:

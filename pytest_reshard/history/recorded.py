@@ -38,10 +38,10 @@ from typing import Any, Iterable, Sequence
 
 from pytest_reshard.contract import (PREEMPT_SIGNAL, RECORD_FILE, SUPERVISOR_EVENTS, Cause,
                                      Damaged, Ev, Torn, read_jsonl)
-from pytest_reshard.history.loading import HistoryError, validate
+from pytest_reshard.history.loading import HistoryError, parsing, validate
 from pytest_reshard.history.queries import History
 from pytest_reshard.history.records import Event
-from pytest_reshard.history.streams import BEGIN, END, POINT, RankStream, Recorded
+from pytest_reshard.history.streams import BEGIN, END, POINT, RankStream, Recorded, shape_table
 
 __all__ = ["Incarnation", "recorded_files", "incarnation_of", "generations_of", "supervisor_events",
            "load_recorded", "is_recorded"]
@@ -256,29 +256,13 @@ def load_recorded(folder: str | Path) -> History:
     torn: list[Torn] = []
     damaged: list[Damaged] = []
     parsed: list[tuple[Incarnation, RankStream]] = []
-    for path in files:
-        numbered, file_torn, file_damaged = read_jsonl(path)
-        torn += file_torn
-        damaged += file_damaged
-        check = partial(_in_record_file, rank=int(_match(path).group(1)))
-        first = None
-        for i, (lineno, e) in enumerate(numbered):   # what comes before its start is damaged
-            try:
-                check(e)
-                if e["ev"] != Ev.START:
-                    raise HistoryError("the file's first event is not its start (probe.attach())")
-            except HistoryError as err:
-                damaged.append(Damaged(str(path), lineno, str(err)))
-                continue
-            first = i
-            break
-        if first is None:
-            continue
-        start = numbered[first][1]
-        stream = RankStream(start["gen"], start["rank"])   # its generation is derived below
-        refused = stream.take(numbered[first:], check)
-        damaged += [Damaged(str(path), n, why) for n, why in refused]
-        parsed.append((incarnation_of(path, start), stream))
+    with parsing(_parse_record_file, files) as each:
+        for start, stream, shapes, file_torn, file_damaged in each:
+            torn += file_torn
+            damaged += file_damaged
+            if start is not None and stream is not None:
+                stream.shape = Recorded.own_shapes(stream.shape, shapes)
+                parsed.append((start, stream))
     gens = generations_of([inc for inc, _ in parsed])
     starts: dict[int, dict[int, Incarnation]] = {}
     by_gen: dict[int, list[RankStream]] = {}
@@ -315,6 +299,33 @@ def load_recorded(folder: str | Path) -> History:
         recorded.add(made, float(made["t"]) + shift(made["gen"] if "gen" in made else -1))
     recorded.order(by_key=True)   # stable: within a time, the files' order, then the derived
     return History(recorded, torn=torn, damaged=damaged, run_dir=root)
+
+
+def _parse_record_file(path: Path, *, apart: bool = False) -> tuple[
+        Incarnation | None, RankStream | None, list[tuple[str, ...]] | None, list[Torn],
+        list[Damaged]]:
+    """A record-mode file as its incarnation and its events' stream (its generation is derived
+    once every file is read), the field orders its shape ids index (``apart``: parsed in a pool's
+    process), its torn last line and its damaged lines (None, None when it has no start)."""
+    numbered, torn, damaged = read_jsonl(path)
+    check = partial(_in_record_file, rank=int(_match(path).group(1)))
+    first = None
+    for i, (lineno, e) in enumerate(numbered):   # what comes before its start is damaged
+        try:
+            check(e)
+            if e["ev"] != Ev.START:
+                raise HistoryError("the file's first event is not its start (probe.attach())")
+        except HistoryError as err:
+            damaged.append(Damaged(str(path), lineno, str(err)))
+            continue
+        first = i
+        break
+    if first is None:
+        return None, None, None, torn, damaged
+    start = numbered[first][1]
+    stream = RankStream(start["gen"], start["rank"])
+    damaged += [Damaged(str(path), n, why) for n, why in stream.take(numbered[first:], check)]
+    return incarnation_of(path, start), stream, shape_table() if apart else None, torn, damaged
 
 
 def _in_record_file(e: Event, rank: int) -> None:

@@ -206,10 +206,7 @@ class Recorded:
         """Append a stream built apart (``RankStream.take``), by this process or, with
         ``shapes`` (its ``shape_table()``, which its shape ids index), by another; ``shift``
         is added to its events' times to order them (their key)."""
-        if shapes is not None:
-            ids = [_shape(keys) for keys in shapes]
-            if ids != list(range(len(ids))):
-                s.shape = array("I", map(ids.__getitem__, s.shape))
+        s.shape = self.own_shapes(s.shape, shapes)
         mine = self.streams.get((s.gen, s.rank))
         if mine is not None:   # a second file of one rank and generation (g01-r1, g1-r1)
             first = len(mine)
@@ -226,6 +223,14 @@ class Recorded:
                     keys[pos - first] = float(e.get("t", 0.0))
             self._runs.append([s, len(s) - first])
             self._keys.extend(keys if not shift else array("d", (t + shift for t in keys)))
+
+    @staticmethod
+    def own_shapes(ids: array, shapes: Sequence[tuple[str, ...]] | None) -> array:
+        """Shape ids of another process (``shapes``: its ``shape_table()``) as this one's."""
+        if shapes is None:
+            return ids
+        mine = [_shape(keys) for keys in shapes]
+        return ids if mine == list(range(len(mine))) else array("I", map(mine.__getitem__, ids))
 
     def stream(self, gen: int, rank: int) -> RankStream:
         s = self.streams.get((gen, rank))

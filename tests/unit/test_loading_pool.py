@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from ..histories import reshard_run
+from .test_recorded import crash_and_resume
 from pytest_reshard.checkers import CheckContext, run_all
 from pytest_reshard.contract import encode_event
 from pytest_reshard.history import History, loading
+from pytest_reshard.history.recorded import load_recorded
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -30,17 +32,40 @@ def _everything(h: History) -> tuple:
             {k: v.status for k, v in run_all(CheckContext(h)).items()})
 
 
-def test_a_history_parsed_by_the_pool_is_the_one_parsed_here(tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def _in_the_pool(m: pytest.MonkeyPatch) -> list[int]:
+    """Every load parses in the pool (two CPUs, no size floor); returns the pools started."""
+    pools: list[int] = []
+    real = loading.ProcessPoolExecutor
+    m.setattr(loading, "PARALLEL_BYTES", 0)
+    m.setattr(loading.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    m.setattr(loading.threading, "active_count", lambda: 1)   # pytest may run other threads
+    m.setattr(loading, "ProcessPoolExecutor", lambda *a, **k: pools.append(1) or real(*a, **k))
+    return pools
+
+
+def test_a_history_parsed_by_the_pool_is_the_one_parsed_here(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
     here = History.load(folder)
     assert here.damaged and here.torn, "the planted damage must be seen"
-    monkeypatch.setattr(loading, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(loading.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(loading.threading, "active_count", lambda: 1)   # pytest may run others
-    pools = []
-    real = loading.ProcessPoolExecutor
-    monkeypatch.setattr(loading, "ProcessPoolExecutor", lambda *a, **k: pools.append(1) or real(*a, **k))
-    apart = History.load(folder)
+    with pytest.MonkeyPatch.context() as m:
+        pools = _in_the_pool(m)
+        apart = History.load(folder)
     assert pools, "the pool was not used"
     assert _everything(apart) == _everything(here)
+
+
+def test_a_recording_parsed_by_the_pool_is_the_one_parsed_here(tmp_path: Path) -> None:
+    crash_and_resume(tmp_path / "replay", resume=0)   # a replay from step 0: no_rewind fails
+    damaged = tmp_path / "damaged"
+    crash_and_resume(damaged, resume=3)
+    rec = sorted(damaged.glob("rec-r1-*.jsonl"))[-1]
+    lines = rec.read_bytes().splitlines(keepends=True)
+    rec.write_bytes(b"".join([*lines[:-2], lines[-2].replace(b'"step":7', b'"step":6'), lines[-1]]))
+    here = {name: load_recorded(tmp_path / name) for name in ("replay", "damaged")}
+    assert _everything(here["replay"])[3]["no_rewind"] == "fail" and here["damaged"].damaged
+    with pytest.MonkeyPatch.context() as m:
+        pools = _in_the_pool(m)
+        apart = {name: load_recorded(tmp_path / name) for name in here}
+    assert len(pools) == 2, "the pool was not used"
+    for name in here:
+        assert _everything(apart[name]) == _everything(here[name]), name
