@@ -25,14 +25,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_reshard.contract import Ev, RunDir, encode_event
+from pytest_reshard.contract import Ev, RunDir, encode_event, record_file
 
 SAVE_EVERY, PER_RANK = 10, 2
 CHECKS = ("no_rewind", "liveness", "state_equivalence", "exactly_once_samples", "loss_continuity")
 
 
-def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
-    """A run folder with ``restarts`` unplanned restarts; returns the number of events."""
+def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = False) -> int:
+    """A run folder with ``restarts`` unplanned restarts; returns the number of events.
+    ``record``: as a production job's record mode writes it (``pytest-reshard judge``): a file
+    per process, each launch's restart count in its start event, no supervisor."""
     run = RunDir(folder)
     run.events.mkdir(parents=True, exist_ok=True)
     t = 1.0e9
@@ -48,6 +50,8 @@ def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
         for rank in range(ranks):
             lines = [{"ev": Ev.START, "gen": gen, "rank": rank, "world_size": ranks,
                       "role": "trainer", "pid": 100 + rank, "max_rewind_steps": SAVE_EVERY}]
+            if record:
+                lines[0].update(gen=0, launcher="torchrun", restart=gen, job="synthetic")
             if first:
                 lines.append({"ev": Ev.CKPT_LOAD, "gen": gen, "rank": rank, "step": first - 1,
                               "digest": {"model": f"m{first - 1}"} if rank == 0 else {}})
@@ -72,7 +76,8 @@ def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
                                   "digest": {"model": f"m{step}"} if rank == 0 else {}, "t": tt})
             else:
                 lines.append({"ev": Ev.EXIT, "gen": gen, "rank": rank, "code": 0, "t": t + last})
-            with open(run.rank_events(gen, rank), "wb") as f:
+            name = record_file(rank, "node", 1000 * gen + rank, t) if record else None
+            with open(folder / name if name else run.rank_events(gen, rank), "wb") as f:
                 f.writelines(encode_event({"t": t, **e}) for e in lines)
             count += len(lines)
         t += steps
@@ -83,12 +88,14 @@ def write(folder: Path, ranks: int, steps: int, restarts: int) -> int:
         sup.append({"ev": Ev.GEN_END, "gen": gen, "cause": "failure" if gen < len(kills) else
                     "complete", "planned": False, "fault_id": gen if gen < len(kills) else None,
                     "detail": "", "t": t})
+    if record:
+        return count
     with open(run.supervisor_events, "wb") as f:
         f.writelines(encode_event(e) for e in sup)
     return count + len(sup)
 
 
-def judge(folder: str, clean: str) -> None:
+def judge(folder: str, clean: str, record: bool = False) -> None:
     """In this process: load and judge, print one JSON line of seconds and peak RSS."""
     from pytest_reshard.checkers import (exactly_once_samples, liveness, loss_continuity,
                                          no_rewind, state_equivalence)
@@ -99,11 +106,14 @@ def judge(folder: str, clean: str) -> None:
         from contextlib import nullcontext as without_gc
 
     out: dict[str, float | str] = {}
+    load = History.load
+    if record:
+        from pytest_reshard.history.recorded import load_recorded as load
     t0 = time.perf_counter()
-    h = History.load(folder)
+    h = load(folder)
     out["load_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ref = History.load(clean)
+    ref = load(clean)
     out["load_reference_s"] = time.perf_counter() - t0
     with without_gc():   # as checkers.run_all judges
         for name, fn in (("no_rewind", no_rewind), ("liveness", liveness),
@@ -125,18 +135,21 @@ def main() -> None:
     p.add_argument("--restarts", type=int, default=2)
     p.add_argument("--json", action="store_true",
                    help="print the largest size's figures as one JSON line (bench/before_after.py)")
+    p.add_argument("--record", action="store_true",
+                   help="write and judge record-mode folders, as pytest-reshard judge reads them")
     p.add_argument("--judge", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.judge:
-        judge(*args.judge)
+        judge(*args.judge, record=args.record)
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (int(r) for r in args.ranks.split(",")):
             run, clean = Path(tmp) / f"run-{ranks}", Path(tmp) / f"clean-{ranks}"
-            events = write(run, ranks, args.steps, args.restarts)
-            write(clean, ranks, args.steps, 0)
-            done = subprocess.run([sys.executable, __file__, "--judge", str(run), str(clean)],
+            events = write(run, ranks, args.steps, args.restarts, args.record)
+            write(clean, ranks, args.steps, 0, args.record)
+            done = subprocess.run([sys.executable, __file__, "--judge", str(run), str(clean),
+                                   *(["--record"] if args.record else [])],
                                   capture_output=True, text=True, timeout=3600)
             if done.returncode:
                 raise SystemExit(done.stderr[-2000:])
