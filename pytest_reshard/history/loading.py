@@ -61,10 +61,10 @@ def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[D
     with parsing(_parse_rank_file, rank_files) as parsed:
         for path in files:
             if RANK_FILE.fullmatch(path.name):
-                stream, shapes, refused, file_torn, file_damaged = next(parsed)
+                stream, shapes, file_torn, file_damaged = next(parsed)
                 events.adopt(stream, shapes)
-                damaged += file_damaged + [Damaged(str(path), n, why) for n, why in refused]
                 torn += file_torn
+                damaged += file_damaged
                 continue
             file_events, file_torn, file_damaged = read_jsonl(path)
             torn += file_torn
@@ -86,13 +86,11 @@ def _read(files: list[Path], root: RunDir) -> tuple[Recorded, list[Torn], list[D
 #: thousand ranks' history holds millions of events, and parsing them is most of judging them.
 PARALLEL_BYTES = 64 << 20
 
-_Parsed = tuple[RankStream, list[tuple[str, ...]] | None, list[tuple[int, str]], list[Torn],
-                list[Damaged]]
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 @contextmanager
-def parsing(parse: Callable[..., T], files: list[Path]) -> Iterator[Iterator[T]]:
+def parsing(parse: Callable[..., _T], files: list[Path]) -> Iterator[Iterator[_T]]:
     """``parse(path)`` of each file, in order: here, or ``parse(path, apart=True)`` in a pool of
     processes when the files are big and this machine has CPUs to spare (``parse`` must be a
     module's function, and what it returns must pickle)."""
@@ -107,16 +105,18 @@ def parsing(parse: Callable[..., T], files: list[Path]) -> Iterator[Iterator[T]]
         yield pool.map(partial(parse, apart=True), files, chunksize=max(1, len(files) // (8 * cpus)))
 
 
-def _parse_rank_file(path: Path, *, apart: bool = False) -> _Parsed:
-    """A rank file as a stream, the lines it refused (line number, why), its torn last line and
-    its damaged lines; ``apart``: in a process of the pool, whose ``shape_table()`` comes too."""
+def _parse_rank_file(path: Path, *, apart: bool = False) -> tuple[
+        RankStream, list[tuple[str, ...]] | None, list[Torn], list[Damaged]]:
+    """A rank file as a stream, its torn last line and its damaged lines (those it refused
+    among them); ``apart``: in a process of the pool, whose ``shape_table()`` comes too."""
     m = RANK_FILE.fullmatch(path.name)
     assert m is not None
     gen, rank = int(m.group(1)), int(m.group(2))
     file_events, torn, damaged = read_jsonl(path)
     stream = RankStream(gen, rank)
     refused = stream.take(file_events, partial(_in_rank_file, gen=gen, rank=rank))
-    return stream, shape_table() if apart else None, refused, torn, damaged
+    damaged += [Damaged(str(path), lineno, why) for lineno, why in refused]
+    return stream, shape_table() if apart else None, torn, damaged
 
 
 def _in_rank_file(e: Event, gen: int, rank: int) -> None:
