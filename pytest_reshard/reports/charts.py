@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from pytest_reshard.history import LOAD, SAVE, History, Occurrence
+from pytest_reshard.history import LOAD, SAVE, Checkpoint, History, Occurrence
 from pytest_reshard.schedule import kinds
 
 #: Where in a step a phase sits, as a fraction of the step (for placing a fault on the x axis).
@@ -33,6 +33,10 @@ PHASE_AT = {"begin": 0.05, "startup": 0.0, "forward": 0.25, "backward": 0.5, "op
 PALETTE = ["#4477aa", "#ee6677", "#228833", "#ccbb44", "#66ccee", "#aa3377", "#bbbbbb"]
 FAULT_COLOUR = "#d62728"
 MAX_BARS_PER_RANK = 600  # past this, consecutive steps of a rank merge into one bar
+#: The timeline draws a row for at most this many ranks (the lowest): a row per rank of a
+#: thousand-rank job is neither readable nor cheap to draw (millions of bars and marks).
+MAX_RANK_ROWS = 64
+MAX_BARS = 20_000   # in all: past this, each rank and generation merges its runs of steps
 
 
 def colour(gen: int) -> str:
@@ -74,6 +78,10 @@ class FaultMark:
     @property
     def x(self) -> float:
         return self.step + PHASE_AT.get(self.phase, 0.5)
+
+    def rows(self, drawn: int) -> tuple[int, ...]:
+        """The timeline rows of its ranks among the ``drawn`` ones (row 0 when it names none)."""
+        return tuple(r for r in self.ranks if r < drawn) if self.ranks else (0,)
 
     @property
     def kind_label(self) -> str:
@@ -151,13 +159,17 @@ class ChartData:
         bars, marks, end_t = _timeline(history, origin)
         gens = _generations(history, origin, end_t)
         faults = _faults(history, origin)
+        seen = max((len(history.ranks_seen(g)) for g in history.generations), default=0)
+        if seen > MAX_RANK_ROWS:
+            notes.append(f"the timeline shows ranks 0..{MAX_RANK_ROWS - 1} of {seen}: the "
+                         "verdicts name the others' faults and detections")
         steps = history.scenario.steps if history.scenario else 0
         steps = max([steps, *(p.step + 1 for p in chaos), *(s + 1 for s, _ in ref),
                      *(f.step + 1 for f in faults)])
         duration = max([end_t, *(g.t1 or 0.0 for g in gens), *(f.t or 0.0 for f in faults),
                         *(m.t for m in marks), 0.001])
-        ranks = max([g.world_size for g in history.generations.values()]
-                    + [b.rank + 1 for b in bars] + [0])
+        ranks = min(MAX_RANK_ROWS, max([g.world_size for g in history.generations.values()]
+                                       + [b.rank + 1 for b in bars] + [0]))
         times = [*(t for b in bars for t in (b.t0, b.t1)), *(m.t for m in marks),
                  *(f.t for f in faults if f.t is not None),
                  *(t for g in gens for t in (g.t0, g.t1) if t is not None)]
@@ -224,8 +236,11 @@ def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark
     last_t = 0.0
     raw: dict[tuple[int, int], list[StepBar]] = {}
     marks: list[Mark] = []
+    saves: dict[tuple[int, int], list[Checkpoint]] = {}   # one pass: a thousand ranks save
+    for c in history.checkpoints():
+        saves.setdefault((c.gen, c.rank), []).append(c)
     for gen in sorted(history.generations):
-        for rank in sorted(history.ranks_seen(gen)):
+        for rank in sorted(r for r in history.ranks_seen(gen) if r < MAX_RANK_ROWS):
             seen = history.times(None, gen=gen, rank=rank)
             if not seen:
                 continue
@@ -239,27 +254,28 @@ def _timeline(history: History, origin: float) -> tuple[list[StepBar], list[Mark
                 else:  # begun, never ended: in flight when the rank stopped
                     bars.append(StepBar(gen, rank, s, s, t0, max(rank_last, gen_end.get(gen, t0)),
                                         False))
-            for c in history.checkpoints(gen=gen, rank=rank):
+            for c in saves.get((gen, rank), ()):
                 marks.append(Mark(c.kind, gen, rank, c.t - origin,
                                   f"g{gen} r{rank}: checkpoint {c.kind} of step {c.step}"))
     for d in history.detections():
-        if d.rank is None or d.t is None:
+        if d.rank is None or d.t is None or d.rank >= MAX_RANK_ROWS:
             continue
         t = d.t - origin
         where = f"step {d.step} {d.phase}" if d.step is not None else "before its first step"
         marks.append(Mark(d.kind, d.gen, d.rank, t, f"g{d.gen} r{d.rank} {d.kind} at {where}"
                           + (f" (exit {d.exit_code})" if d.exit_code is not None else "")
                           + (f", detected in {d.latency_s * 1000:.0f} ms" if d.latency_s else "")))
-    bars = [b for key in sorted(raw) for b in _merge(sorted(raw[key], key=lambda b: b.t0))]
+    most = max(1, min(MAX_BARS_PER_RANK, MAX_BARS // max(len(raw), 1)))
+    bars = [b for key in sorted(raw) for b in _merge(sorted(raw[key], key=lambda b: b.t0), most)]
     last_t = max([last_t, *gen_end.values()])
     return bars, marks, last_t
 
 
-def _merge(bars: list[StepBar]) -> list[StepBar]:
-    """Keep one bar per step up to MAX_BARS_PER_RANK; past that merge runs of steps."""
-    if len(bars) <= MAX_BARS_PER_RANK:
+def _merge(bars: list[StepBar], most: int) -> list[StepBar]:
+    """Keep one bar per step up to ``most``; past that merge runs of steps."""
+    if len(bars) <= most:
         return bars
-    k = math.ceil(len(bars) / MAX_BARS_PER_RANK)
+    k = math.ceil(len(bars) / most)
     out = []
     for i in range(0, len(bars), k):
         chunk = bars[i:i + k]
@@ -487,7 +503,7 @@ def timeline_svg(data: ChartData) -> str:
         if not fault.fired or fault.t is None:
             continue
         x = X(fault.t)
-        for r in fault.ranks or (0,):
+        for r in fault.rows(data.ranks):
             y = _TOP + r * row_h
             svg.add(f'<g class="fault" data-kind="{escape(fault.kind)}"><polygon points="{_f(x)},'
                     f'{y + 2} {_f(x + 6)},{y + row_h / 2} {_f(x)},{y + row_h - 2} {_f(x - 6)},'

@@ -82,20 +82,22 @@ def _timeline(fig, data: ChartData):
         ax.axvspan(u(a), u(b), facecolor="none", edgecolor="#ccc", hatch="///", lw=0)
         ax.annotate(f"{b - a:.1f} s", ((u(a) + u(b)) / 2, 0), xycoords=("data", "axes fraction"),
                     xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7, color="#888")
+    runs: dict[tuple[int, int, bool, bool], list[tuple[float, float]]] = {}   # a call per look
     for bar in data.bars:
-        ax.broken_barh([(u(bar.t0), max(u(bar.t1) - u(bar.t0), 0.0005))], (bar.rank - 0.35, 0.7),
-                       facecolors=colour(bar.gen), alpha=0.85 if bar.first_step % 2 == 0 else 0.6,
-                       edgecolors=None if bar.done else FAULT_COLOUR)
+        runs.setdefault((bar.rank, bar.gen, bar.first_step % 2 == 0, bar.done), []).append(
+            (u(bar.t0), max(u(bar.t1) - u(bar.t0), 0.0005)))
+    for (rank, gen, even, done), spans in runs.items():
+        ax.broken_barh(spans, (rank - 0.35, 0.7), facecolors=colour(gen),
+                       alpha=0.85 if even else 0.6, edgecolors=None if done else FAULT_COLOUR)
     for f in data.faults:
-        if f.fired and f.t is not None:
-            ax.scatter([u(f.t)] * len(f.ranks or (0,)), list(f.ranks or (0,)), marker="D", s=40,
-                       color=FAULT_COLOUR, zorder=3)
-    for m in data.marks:
-        if m.kind in (SAVE, LOAD):
-            ax.scatter([u(m.t)], [m.rank + 0.42], marker="v" if m.kind == SAVE else "^", s=14,
-                       color="#333", zorder=3)
-        else:
-            ax.scatter([u(m.t)], [m.rank], marker="x", s=50, color="black", zorder=4)
+        if f.fired and f.t is not None and f.rows(data.ranks):
+            ax.scatter([u(f.t)] * len(f.rows(data.ranks)), list(f.rows(data.ranks)), marker="D",
+                       s=40, color=FAULT_COLOUR, zorder=3)
+    for kind, marker, size, dy in ((SAVE, "v", 14, 0.42), (LOAD, "^", 14, 0.42), (None, "x", 50, 0)):
+        marks = [m for m in data.marks if m.kind == kind or (kind is None and m.kind not in (SAVE, LOAD))]
+        if marks:
+            ax.scatter([u(m.t) for m in marks], [m.rank + dy for m in marks], marker=marker,
+                       s=size, color="#333" if dy else "black", zorder=4 if kind is None else 3)
     ticks = u.ticks()
     ax.set_xticks([u(t) for t in ticks], [f"{t:g}" for t in ticks], fontsize=8)
     ax.set_ylim(max(data.ranks, 1) - 0.5, -0.5)

@@ -238,3 +238,15 @@ def test_a_sweep_masks_random_ids_even_all_digit_ones_and_keeps_step_numbers():
         assert masked(f"ckpt/.tmp-step-00000005-{random_id}/__0_0.distcp") == \
             "ckpt/.tmp-step-00000005-*/__0_0.distcp"
     assert masked("ckpt/step-00000005/.metadata") == "ckpt/step-00000005/.metadata"
+
+
+def test_a_thousand_rank_timeline_draws_a_bounded_number_of_rows_bars_and_marks() -> None:
+    ranks = charts.MAX_RANK_ROWS + 36
+    b = Builder(steps=30, world_size=ranks)
+    b.gen(run=range(30))
+    data = charts.ChartData.build(b.history(), None)
+    assert data.ranks == charts.MAX_RANK_ROWS
+    assert {bar.rank for bar in data.bars} == set(range(charts.MAX_RANK_ROWS))
+    assert len(data.bars) <= charts.MAX_BARS
+    assert any(f"ranks 0..{charts.MAX_RANK_ROWS - 1} of {ranks}" in n for n in data.notes)
+    assert f'data-rank="{charts.MAX_RANK_ROWS}"' not in charts.timeline_svg(data)
