@@ -7,6 +7,7 @@ docstring.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from itertools import compress
 import json
 from dataclasses import dataclass, field
@@ -472,7 +473,9 @@ class History(MembershipQueries):
         makes no span."""
         done: list[StepSpan] = []
         open_: dict[tuple[int, int], dict[int, float]] = {}
-        for key, s in self._streams.items():    # a rank's spans depend on its events alone
+        streams = ([((gen, rank), self._streams[(gen, rank)])] if (gen, rank) in self._streams
+                   else []) if gen is not None and rank is not None else self._streams.items()
+        for key, s in streams:    # a rank's spans depend on its events alone
             if (gen is not None and key[0] != gen) or (rank is not None and key[1] != rank):
                 continue
             for p, (code, step, t) in enumerate(zip(s.kind, s.step, s.t)):
@@ -487,6 +490,18 @@ class History(MembershipQueries):
         unfinished = [StepSpan(g, r, s, t0, None) for (g, r), steps in open_.items()
                       for s, t0 in steps.items()]
         return sorted(done + unfinished, key=lambda x: (x.gen, x.rank, x.begin_t))
+
+    def begun_again(self, gen: int) -> list[tuple[int, int]]:
+        """(rank, step) of each step a rank of ``gen`` began more than once, in order."""
+        out: list[tuple[int, int]] = []
+        for (g, rank), s in self._streams.items():
+            if g != gen:
+                continue
+            steps = [*compress(s.step, map(BEGIN.__eq__, s.kind)),
+                     *(int(e["step"]) for e in s.other.values() if e["ev"] == Ev.BEGIN)]
+            if len(steps) != len(set(steps)):
+                out += [(rank, x) for x, n in Counter(steps).items() if n > 1]
+        return sorted(out)
 
     def starts(self, gen: int) -> dict[int, Event]:
         """rank -> its ``start`` event in ``gen``."""
@@ -552,12 +567,14 @@ class History(MembershipQueries):
 
     def loss(self, gen: int, step: int) -> float | None:
         """The step's loss: rank 0's, else the lowest rank's that recorded one (last record wins)."""
-        by_rank: dict[int, float] = {}
+        lowest, out = None, None
         for s, p in self._ix.records.get((gen, step), ()):
+            if lowest is not None and s.rank > lowest:
+                continue   # a thousand ranks record; rank 0's loss is read, not the others'
             loss = s.value(p, "loss")
             if loss is not None:
-                by_rank[s.rank] = float(loss)
-        return by_rank[min(by_rank)] if by_rank else None
+                lowest, out = s.rank, float(loss)
+        return out
 
     def kept_losses(self) -> dict[int, tuple[Occurrence, float]]:
         """step -> (occurrence, loss) over kept occurrences; a later generation wins a tie."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pytest_reshard import checkers
-from pytest_reshard.contract import Cause, Ev
+from pytest_reshard.contract import Cause
 from pytest_reshard.history import History
 from pytest_reshard.history.recorded import load_recorded
 from pytest_reshard.result import Result
@@ -59,11 +59,7 @@ def reference_refusal(reference: History, folder: Path) -> str | None:
                "it recorded no generation")
     else:
         g = next(iter(gens.values()))
-        begun: dict[tuple[int, int], int] = {}
-        for e in reference.rank_events(Ev.BEGIN, gen=g.gen):
-            key = (int(e["rank"]), int(e["step"]))
-            begun[key] = begun.get(key, 0) + 1
-        again = sorted(k for k, n in begun.items() if n > 1)
+        again = reference.begun_again(g.gen)
         if g.cause != Cause.COMPLETE:
             why = f"its generation {g.gen} ended by {g.cause}, not complete: {g.detail}"
         elif again:
