@@ -473,11 +473,12 @@ class History(MembershipQueries):
         makes no span."""
         done: list[StepSpan] = []
         open_: dict[tuple[int, int], dict[int, float]] = {}
-        streams = ([((gen, rank), self._streams[(gen, rank)])] if (gen, rank) in self._streams
-                   else []) if gen is not None and rank is not None else self._streams.items()
+        if gen is not None and rank is not None:   # one stream: looked up, not searched for
+            streams = [((gen, rank), self._streams[(gen, rank)])] if (gen, rank) in self._streams else []
+        else:
+            streams = [(key, s) for key, s in self._streams.items()
+                       if (gen is None or key[0] == gen) and (rank is None or key[1] == rank)]
         for key, s in streams:    # a rank's spans depend on its events alone
-            if (gen is not None and key[0] != gen) or (rank is not None and key[1] != rank):
-                continue
             for p, (code, step, t) in enumerate(zip(s.kind, s.step, s.t)):
                 if code == OTHER:
                     e = s.other[p]
@@ -497,8 +498,7 @@ class History(MembershipQueries):
         for (g, rank), s in self._streams.items():
             if g != gen:
                 continue
-            steps = [*compress(s.step, map(BEGIN.__eq__, s.kind)),
-                     *(int(e["step"]) for e in s.other.values() if e["ev"] == Ev.BEGIN)]
+            steps = s.steps_of(BEGIN)
             if len(steps) != len(set(steps)):
                 out += [(rank, x) for x, n in Counter(steps).items() if n > 1]
         return sorted(out)

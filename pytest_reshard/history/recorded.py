@@ -233,8 +233,7 @@ def _ending(streams: Sequence[RankStream], incs: dict[int, Incarnation],
 def _committed(streams: Iterable[RankStream], world: int) -> set[int]:
     ended: dict[int, set[int]] = {}
     for st in streams:
-        for step in {*compress(st.step, map(END.__eq__, st.kind)),
-                     *(int(e["step"]) for e in st.other.values() if e["ev"] == Ev.END)}:
+        for step in set(st.steps_of(END)):
             ended.setdefault(step, set()).add(st.rank)
     return {s for s, ranks in ended.items() if ranks >= set(range(world))}
 

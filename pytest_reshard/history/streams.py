@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from array import array
+from itertools import compress
 from typing import Any, Callable, Iterator, Sequence
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
@@ -128,6 +129,13 @@ class RankStream:
                 continue
             self.add(e)
         return refused
+
+    def steps_of(self, code: int) -> list[int]:
+        """The steps of its events of one per-step kind (``BEGIN``, ``END``, ...), the columns'
+        then those kept as recorded."""
+        name = _NAMES[code]
+        return [*compress(self.step, map(code.__eq__, self.kind)),
+                *(int(e["step"]) for e in self.other.values() if e["ev"] == name)]
 
     def fields(self, pos: int) -> dict[str, Any]:
         """A compact event's fields beyond the usual ones, by name."""
