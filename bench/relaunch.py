@@ -4,8 +4,9 @@ Runs the same planned reshard (4 -> 3 ranks, bundled LM, tiny) with the warm for
 with cold interpreters, interleaved so both see the same machine noise, and prints the medians
 and their ratio. Usage: python bench/relaunch.py [--repeats 5] [--workload lm]
 [--launchers fork,local] [--json] (one line ``JSON {...}`` of the medians, for
-bench/before_after.py). With ``slurm`` among the launchers (2 nodes x 2 ranks on the cluster in
-SLURM_CONF) every launcher reshards 4 -> 2 instead, one node's worth, so the runs compare.
+bench/before_after.py). With ``slurm`` or ``slurm-fork`` among the launchers (2 nodes x 2 ranks
+on the cluster in SLURM_CONF) every launcher reshards 4 -> 2 instead, one node's worth, so the
+runs compare.
 """
 import argparse
 import json
@@ -16,6 +17,8 @@ from pathlib import Path
 from pytest_reshard import chaos
 from pytest_reshard.history import History
 from pytest_reshard.session import Session, scenario_from
+
+SLURM = {"slurm", "slurm-fork"}  # 2 nodes x 2 ranks of the cluster in SLURM_CONF
 
 
 def relaunch_s(history: History, ev: str = "begin") -> float:
@@ -37,15 +40,16 @@ def main() -> None:
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     launchers = args.launchers.split(",")
+    on_slurm = bool(SLURM & set(launchers))
     times: dict[str, list[float]] = {k: [] for k in launchers}
     up: dict[str, list[float]] = {k: [] for k in launchers}
     with tempfile.TemporaryDirectory() as tmp, Session(Path(tmp)) as session:
         for i in range(args.repeats):
             for launcher in times:
                 sc = scenario_from(args.workload, world_size=4, steps=6, launcher=launcher,
-                                   nodes=2 if launcher == "slurm" else 1,
-                                   faults=[chaos.shift_shards(to_world_size=2 if "slurm" in
-                                                              launchers else 3, at_step=2)])
+                                   nodes=2 if launcher in SLURM else 1,
+                                   faults=[chaos.shift_shards(to_world_size=2 if on_slurm else 3,
+                                                              at_step=2)])
                 history = session.execute(sc, Path(tmp) / f"{launcher}-{i}")
                 times[launcher].append(relaunch_s(history))
                 up[launcher].append(relaunch_s(history, "start"))

@@ -155,10 +155,19 @@ def _steps(result) -> list[dict]:
 SLURM = dict(launcher="slurm", nodes=2)
 
 
+def _servers(result) -> list[str]:
+    """The nodes a ``slurm-fork`` run started a fork server on, in order."""
+    return [e["server"] for e in _supervisor(result) if e["ev"] == "nodes" and "server" in e]
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "slurm-fork"])
 @pytest.mark.reshard(world_size=4, steps=10, timeout=240)
-def test_lm_survives_a_killed_node_on_the_node_left(reshard_run, cluster):
-    result = reshard_run("lm", faults=[chaos.kill_node(rank=2, at_step=6)], **SLURM)
+def test_lm_survives_a_killed_node_on_the_node_left(reshard_run, cluster, launcher):
+    result = reshard_run("lm", faults=[chaos.kill_node(rank=2, at_step=6)],
+                         **{**SLURM, "launcher": launcher})
     result.assert_ok()
+    if launcher == "slurm-fork":  # one server per node, the node left's kept for generation 1
+        assert sorted(_servers(result)) == sorted(_steps(result)[0]["nodes"])
     assert [g.world_size for g in result.history.generations.values()] == [4, 2]
     steps = _steps(result)
     assert [len(s["nodes"]) for s in steps] == [2, 1]
@@ -168,9 +177,13 @@ def test_lm_survives_a_killed_node_on_the_node_left(reshard_run, cluster):
     assert [(d["kind"], d["rank"], d["exit_code"]) for d in died] == [("died", 2, -9)]
 
 
+@pytest.mark.parametrize("launcher", ["slurm", "slurm-fork"])
 @pytest.mark.reshard(world_size=4, steps=10, timeout=240)
-def test_a_slurm_preemption_is_scancel_term_and_costs_no_committed_step(reshard_run, cluster):
-    result = reshard_run("lm", faults=[chaos.preempt(at_step=6)], **SLURM)
+def test_a_slurm_preemption_is_scancel_term_and_costs_no_committed_step(reshard_run, cluster,
+                                                                        launcher):
+    """Under ``slurm-fork`` the step's task (the node agent) passes the SIGTERM on to its ranks,
+    the server's children: every rank must still see it."""
+    result = reshard_run("lm", faults=[chaos.preempt(at_step=6)], **{**SLURM, "launcher": launcher})
     result.assert_ok()
     sup = _supervisor(result)
     assert [e["cause"] for e in sup if e["ev"] == "gen_end"] == ["preempt", "complete"]
@@ -289,13 +302,16 @@ def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_lande
     assert not landed or min(landed) > max(fired)  # SLURM's, after the point (if before the end)
 
 
-def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_path, cluster):
+@pytest.mark.parametrize("launcher", ["slurm", "slurm-fork"])
+def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_path, cluster,
+                                                                           launcher):
     """SIGKILL the harness mid-training: its ranks see the hub's connection close and end, the
     agents kill what is left on their nodes, and salloc, whose command reads a pipe only the
-    harness held, gives the allocation back (no waiting for its time limit)."""
+    harness held, gives the allocation back (no waiting for its time limit); under
+    ``slurm-fork`` the nodes' fork servers go with it."""
     run = tmp_path / "run"
-    harness = harness_training(tmp_path, run, "'lm', world_size=4, steps=400, launcher='slurm', "
-                               "nodes=2, timeout_s=300", ranks=4)
+    harness = harness_training(tmp_path, run, f"'lm', world_size=4, steps=400, "
+                               f"launcher={launcher!r}, nodes=2, timeout_s=300", ranks=4)
     try:
         assert _squeue()
     finally:

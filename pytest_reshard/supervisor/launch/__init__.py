@@ -12,6 +12,8 @@ Each launcher is one module here behind one protocol (``Launcher``), registered 
   where the machine allows; agents restart the ranks themselves after a node is lost.
 - ``slurm`` (``slurm.py``): each generation a job step of a SLURM allocation, one torchrun agent
   per node; the ranks run on other machines and report over the harness's hub.
+- ``slurm-fork`` (``slurm_fork.py``): the same steps, the ranks forked by a warm server each node
+  keeps across generations (a relaunch on the same nodes costs what ``fork`` costs here).
 
 Every rank runs in a session of its own, so ``kill`` reaches its whole process group
 (data-loader workers included), and every rank dies with its launcher (``PR_SET_PDEATHSIG``).
@@ -307,3 +309,4 @@ register("local", "pytest_reshard.supervisor.launch.local:LocalLauncher")
 register("torchrun", "pytest_reshard.supervisor.launch.torchrun:TorchrunLauncher")
 register("elastic", "pytest_reshard.supervisor.launch.elastic:ElasticLauncher")
 register("slurm", "pytest_reshard.supervisor.launch.slurm:SlurmLauncher")
+register("slurm-fork", "pytest_reshard.supervisor.launch.slurm_fork:SlurmForkLauncher")

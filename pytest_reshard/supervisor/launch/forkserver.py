@@ -12,7 +12,9 @@ over its socket.
 Lifetime: the server dies with the process that started it (``PR_SET_PDEATHSIG``), and every
 rank dies with the server, so a killed pytest leaves nothing behind. Protocol: JSON lines over a
 socketpair; requests ``{"op": "spawn", ...}`` -> ``{"pid": N}``; unsolicited ``{"exit": pid,
-"code": c}`` (negative code = killed by that signal, as in ``subprocess``).
+"code": c}`` (negative code = killed by that signal, as in ``subprocess``). On a SLURM node
+(``slurm_fork.py``) the same server listens on an abstract unix socket instead (``serve_at``)
+and outlives its clients, one node agent per generation.
 """
 from __future__ import annotations
 
@@ -207,7 +209,7 @@ class ForkServer:
 # ---------------------------------------------------------------------------------------------
 # Server side.
 
-def _run_child(req: dict) -> NoReturn:
+def _run_child(req: dict, out: int | None = None) -> NoReturn:
     """In the forked child: become the rank, run its main, and exit as a cold interpreter would.
 
     The script runs as this process's real ``__main__`` and stays installed (``runpy.run_path``
@@ -216,12 +218,14 @@ def _run_child(req: dict) -> NoReturn:
     exit: ``atexit`` handlers run, non-daemon threads are joined, open files are flushed, and
     what the script still holds is freed during finalization, exactly as after ``python
     script.py`` under torchrun (with the default process group, which the warm-up keeps until
-    then as a cold rank does: ``warmup._keep_default_group``). Never returns."""
+    then as a cold rank does: ``warmup._keep_default_group``). Its output goes to ``out`` (its
+    client's), else to the request's ``log`` file. Never returns."""
     import runpy
     import types
 
     os.setsid()
-    log = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = out if out is not None else os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                                              0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
@@ -347,69 +351,178 @@ def _run_script(path: str, code: object = None) -> None:
     exec(code, main.__dict__)  # type: ignore[arg-type]
 
 
-def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
-    die_with_parent(parent)
-    sock = socket.socket(fileno=fd)
+def _prepare(preload: Sequence[str]) -> str | None:
+    """Import the preloads and freeze what they left; why forking would be unsafe, or None."""
     try:
         for name in preload:
             importlib.import_module(name)
     except BaseException as e:  # report, don't hang the client
-        sock.sendall((json.dumps({"ready": False, "error": f"preload {name}: {e!r}"}) + "\n").encode())
-        return
+        return f"preload {name}: {e!r}"
     threads = thread_names()
     if threads:  # forking a threaded process can deadlock the children: refuse
         known = [f"{name} is {KNOWN_THREADS[name]}" for name in sorted(set(threads) & set(KNOWN_THREADS))]
-        error = (f"preloading {list(preload)} started {len(threads)} thread(s) ({', '.join(threads)}), "
-                 "and forking a process with threads is unsafe. "
-                 + ("; ".join(known) + ". " if known else
-                    "Find the import that starts one (python -c 'import MODULE' and list "
-                    "/proc/PID/task/*/comm) and stop it with that library's setting in the "
-                    "environment. ")
-                 + "Or run cold with --reshard-launcher=local (slower: every rank imports torch).")
-        sock.sendall((json.dumps({"ready": False, "error": error}) + "\n").encode())
-        return
+        return (f"preloading {list(preload)} started {len(threads)} thread(s) ({', '.join(threads)}), "
+                "and forking a process with threads is unsafe. "
+                + ("; ".join(known) + ". " if known else
+                   "Find the import that starts one (python -c 'import MODULE' and list "
+                   "/proc/PID/task/*/comm) and stop it with that library's setting in the "
+                   "environment. ")
+                + "Or run cold with --reshard-launcher=local (slower: every rank imports torch).")
     # What the preloads left is the ranks' shared, read-only base: collect its garbage once, then
     # freeze it, so that no rank's collector scans it again (a full collection in every rank,
     # and the one that ends every interpreter, would otherwise walk all of torch and write to
     # each page of it, copying the pages fork shares) and its exit costs a fraction of a cold one.
     gc.collect()
     gc.freeze()
+    return None
+
+
+def serve(fd: int, parent: int, preload: Sequence[str]) -> None:
+    """The server of one client, on the socket ``fd``: it ends (and its ranks with it) when that
+    client goes."""
+    die_with_parent(parent)
+    sock = socket.socket(fileno=fd)
+    error = _prepare(preload)
+    if error is not None:
+        sock.sendall((json.dumps({"ready": False, "error": error}) + "\n").encode())
+        return
     sock.sendall(b'{"ready": true}\n')
-    me = os.getpid()
-    buffer = b""
-    children: set[int] = set()
-    while True:
-        ready, _, _ = select.select([sock], [], [], 0.01)
-        if ready:
-            chunk = sock.recv(1 << 16)
-            if not chunk:  # client gone: take the ranks with us
-                for pid in children:
-                    killpg(pid)
-                return
-            buffer += chunk
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                req = json.loads(line)
-                _compile_once(req["argv"], req["cwd"])
-                pid = os.fork()
-                if pid == 0:
-                    sock.close()
-                    die_with_parent(me)
-                    # Raises SystemExit: it unwinds out of serve() and the interpreter exits
-                    # with the rank's code, finalizing as after ``python script.py``.
-                    _run_child(req)
-                children.add(pid)
-                sock.sendall((json.dumps({"pid": pid}) + "\n").encode())
-        while children:
+    _Forks({sock: _Client()}).run()
+
+
+def serve_at(name: str, preload: Sequence[str]) -> None:
+    """The server of every client that connects to the abstract unix socket ``name`` (a node's
+    agents, one per generation): a client's ranks die with its connection, the server lives on.
+    A client's first line (``{"op": "hello"}``) carries the descriptor its ranks write their
+    output to (``SCM_RIGHTS``); requests then are those of ``serve``, without ``log``."""
+    die_with_parent(os.getppid())
+    error = _prepare(preload)
+    if error is not None:
+        raise SystemExit(f"fork server {name}: {error}")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name)
+    listener.listen(64)
+    print(f"fork server {name}: ready (pid {os.getpid()})", flush=True)
+    _Forks({}, listener).run()
+
+
+class _Client:
+    def __init__(self, out: int | None = None, buffer: bytes = b"") -> None:
+        self.out = out          # the descriptor its ranks write to (None: each request's log)
+        self.buffer = buffer
+        self.children: set[int] = set()
+
+
+class _Forks:
+    """The single-threaded loop: accept clients, fork their ranks, report each exit to the
+    client that asked for the rank."""
+
+    def __init__(self, clients: dict[socket.socket, _Client],
+                 listener: socket.socket | None = None) -> None:
+        self.clients, self.listener = clients, listener
+        self.owner: dict[int, socket.socket] = {}   # rank pid -> its client's socket
+
+    def run(self) -> None:
+        me = os.getpid()
+        while True:
+            watched = [*self.clients, *([self.listener] if self.listener is not None else [])]
+            ready, _, _ = select.select(watched, [], [], 0.01)
+            for sock in ready:
+                if sock is self.listener:
+                    self._accept()
+                    continue
+                try:
+                    chunk = sock.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:  # client gone: take its ranks with it
+                    self._drop(sock)
+                    if self.listener is None:
+                        return
+                    continue
+                self._requests(sock, chunk, me)
+            self._reap()
+
+    def _accept(self) -> None:
+        assert self.listener is not None
+        conn, _ = self.listener.accept()
+        conn.settimeout(10)  # the hello follows the connect at once
+        try:
+            hello, fds, _, _ = socket.recv_fds(conn, 1 << 16, 1)
+        except OSError:
+            conn.close()
+            return
+        conn.settimeout(None)
+        if not fds:
+            conn.close()
+            return
+        self.clients[conn] = _Client(fds[0], hello)
+        self._requests(conn, b"", os.getpid())
+
+    def _requests(self, sock: socket.socket, chunk: bytes, me: int) -> None:
+        client = self.clients[sock]
+        client.buffer += chunk
+        while b"\n" in client.buffer:
+            line, client.buffer = client.buffer.split(b"\n", 1)
+            req = json.loads(line)
+            if req.get("op") != "spawn":
+                continue
+            _compile_once(req["argv"], req["cwd"])
+            pid = os.fork()
+            if pid == 0:
+                self._become(client, me, req)
+            client.children.add(pid)
+            self.owner[pid] = sock
+            self._tell(sock, {"pid": pid})
+
+    def _become(self, client: _Client, server: int, req: dict) -> NoReturn:
+        """In the child: hold nothing of the server's (another client's socket or output would
+        stay open as long as this rank lives), then run the rank."""
+        for sock, other in self.clients.items():
+            sock.close()
+            if other is not client and other.out is not None:
+                os.close(other.out)
+        if self.listener is not None:
+            self.listener.close()
+        die_with_parent(server)
+        # Raises SystemExit: it unwinds out of the server's loop and the interpreter exits with
+        # the rank's code, finalizing as after ``python script.py``.
+        _run_child(req, client.out)
+
+    def _tell(self, sock: socket.socket, msg: dict) -> None:
+        if sock not in self.clients:
+            return
+        try:
+            sock.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        client = self.clients.pop(sock, None)
+        if client is None:
+            return
+        for pid in client.children:
+            killpg(pid)
+        if client.out is not None:
+            os.close(client.out)
+        sock.close()
+
+    def _reap(self) -> None:
+        while self.owner:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                break
+                return
             if pid == 0:
-                break
-            children.discard(pid)
-            sock.sendall((json.dumps({"exit": pid, "code": exit_code(status)}) + "\n").encode())
+                return
+            sock = self.owner.pop(pid, None)
+            if sock is not None and sock in self.clients:
+                self.clients[sock].children.discard(pid)
+                self._tell(sock, {"exit": pid, "code": exit_code(status)})
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])
+    if sys.argv[1] == "--at":  # python -m ...forkserver --at NAME PRELOAD...
+        serve_at(sys.argv[2], sys.argv[3:])
+    else:
+        serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

@@ -247,6 +247,8 @@ class SlurmLauncher:
     multi_node = True
     restarts_groups = False
     delivers = frozenset({Cause.PREEMPT, Cause.RESHARD})  # SIGTERM; drain the nodes left
+    #: What every generation's ``srun`` adds to the launcher's own options.
+    srun_options: tuple[str, ...] = ()
 
     @classmethod
     def from_context(cls, ctx: LaunchContext) -> "SlurmLauncher":
@@ -259,7 +261,7 @@ class SlurmLauncher:
             raise ValueError(f"nodes={nodes}: need at least one node")
         why = slurm_unavailable()
         if why is not None:
-            raise RuntimeError(f"launcher='slurm' needs a SLURM cluster: {why}")
+            raise RuntimeError(f"launcher={self.name!r} needs a SLURM cluster: {why}")
         self.nodes = nodes
         self._note = note or (lambda what, fields: None)
         self._minutes = int(timeout_s // 60) + 5
@@ -302,7 +304,6 @@ class SlurmLauncher:
                                f"({', '.join(usable) or 'none'}; lost: "
                                f"{', '.join(sorted(self.allocation.lost)) or 'none'})")
         nodes = usable[:count]
-        endpoint = f"{self._hub.address.rpartition(':')[0]}:{self._store.port}"
         env = {k: v for k, v in first.env.items() if k not in _UNSET_FOR_AGENTS and
                not (k.startswith("SLURM_") and k != "SLURM_CONF")}
         env.update(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",  # pytorch#135712
@@ -311,23 +312,32 @@ class SlurmLauncher:
         if os.environ.get("RESHARD_SLURM_IFNAME"):
             env["GLOO_SOCKET_IFNAME"] = os.environ["RESHARD_SLURM_IFNAME"]
         name = f"pytest-reshard-{self._tag}-g{gen}"
+        agent, rendezvous = self._agent(specs, nodes, name, env)
         cmd = ["srun", f"--jobid={self.allocation.job}", f"--job-name={name}",
                f"--nodes={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
-               "--kill-on-bad-exit=0", "--label", "--unbuffered",
-               sys.executable, "-m", "pytest_reshard.supervisor.launch.slurm", "agent",
-               "--hub", self._hub.address, "--gen", str(gen), "--",
-               f"--nnodes={count}", f"--nproc-per-node={world // count}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint={endpoint}", f"--rdzv-id={name}", f"--rdzv-conf={RDZV_CONF}",
-               "--max-restarts=0", "--monitor-interval=0.1", *module_or_script(first.argv)]
+               "--kill-on-bad-exit=0", "--label", "--unbuffered", *self.srun_options, *agent]
         parent = os.getpid()
         with open(first.log.with_name(f"g{gen}-slurm.log"), "ab") as log:
             srun = subprocess.Popen(cmd, env=env, cwd=first.cwd, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: die_with_parent(parent))
-        self._note(Ev.NODES, {"launcher": "slurm", "gen": gen, "name": name, "nodes": nodes,
-                                  "world_size": world, "hub": self._hub.address,
-                                  "rendezvous": endpoint})
+        self._note(Ev.NODES, {"launcher": self.name, "gen": gen, "name": name, "nodes": nodes,
+                              "world_size": world, "hub": self._hub.address,
+                              "rendezvous": rendezvous})
         return SlurmGeneration(self, srun, gen, world, nodes, name)
+
+    def _agent(self, specs: Sequence[RankSpec], nodes: list[str], name: str,
+               env: dict[str, str]) -> tuple[list[str], str]:
+        """The node agent's command line (one task per node), which may add to its ``env``, and
+        where the ranks meet: here torch's agent, on a c10d rendezvous the harness hosts."""
+        first, count = specs[0], len(nodes)
+        endpoint = f"{self._hub.address.rpartition(':')[0]}:{self._store.port}"
+        return [sys.executable, "-m", "pytest_reshard.supervisor.launch.slurm", "agent",
+                "--hub", self._hub.address, "--gen", first.env[Env.GENERATION], "--",
+                f"--nnodes={count}", f"--nproc-per-node={len(specs) // count}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={name}",
+                f"--rdzv-conf={RDZV_CONF}", "--max-restarts=0", "--monitor-interval=0.1",
+                *module_or_script(first.argv)], endpoint
 
     def note_hub(self, gen: int | None = None) -> None:
         """Record what the hub kept out since the last record (``Ev.HUB``), if anything: the
@@ -537,9 +547,11 @@ class _Reporter:
                            "code": self.codes.get(pid)}
         return ranks
 
-    def report_forever(self) -> None:
+    def report_forever(self, discover: bool = True) -> None:
+        """Report every ``REPORT_S``; ``discover``: the ranks are this process's children (torch's
+        agent started them), found by their ``RANK``; else whoever started them fills ``ranks``."""
         while True:
-            for pid in procfs.children(os.getpid()):
+            for pid in procfs.children(os.getpid()) if discover else ():
                 if pid not in self.ranks:
                     rank = _rank_of(pid)
                     if rank is not None:

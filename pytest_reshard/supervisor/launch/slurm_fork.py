@@ -1,0 +1,212 @@
+"""``slurm-fork``: the ``slurm`` launcher with a warm fork server on each node, kept across the
+generations of one allocation: a relaunch on the same nodes costs a job step and a fork, not
+``import torch`` in an agent and in every rank.
+
+The first generation that uses a node starts its server there, a job step of its own that
+imports torch and the workload once (``forkserver.serve_at``, on an abstract unix socket named
+after the launcher and the node). Each generation stays one job step, as under ``slurm``, so
+everything SLURM does to a step still happens to it; its task on each node is a small agent (no
+torch) that reports to the harness's hub as torch's agent does under ``slurm``, asks its node's
+server to fork the node's ranks with the environment torchrun would give them (``RANK``,
+``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of a store the harness hosts for
+the generation), and hands them its own output, so their lines land in the step's log.
+
+What differs from ``slurm``, and what it does not prove:
+
+- no torch agent and no c10d rendezvous: a job that depends on torchrun's agent (its restarts,
+  its error files) runs under ``slurm``;
+- the ranks are the server's children, not the step's processes: a preemption's SIGTERM
+  reaches the agent, which passes it on to its ranks at once; the SIGKILL after ``KillWait`` (or
+  a step's cancel) kills the agent, and the server kills that agent's ranks when its connection
+  drops. A step's memory limits and accounting do not cover the ranks;
+- ``kill_node`` kills the node's server (the ranks' parent) and its ranks; the agent, left
+  without its server, dies too, and the node is lost as under ``slurm``.
+
+``python -m pytest_reshard.supervisor.launch.slurm_fork agent --hub H:P --gen G --server NAME --
+ARGV`` is the per-node entry point.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any, Callable
+
+from pytest_reshard import procfs
+from pytest_reshard.contract import Env, Ev
+from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, RankSpec, host_store,
+                                              module_or_script)
+from pytest_reshard.supervisor.launch.forkserver import die_with_parent, server_environment
+from pytest_reshard.supervisor.launch.slurm import SlurmLauncher, _Reporter
+from pytest_reshard.workloads import WARMUP
+
+__all__ = ["SlurmForkLauncher"]
+
+#: The agent's environment variable for its ranks' own variables (JSON), popped before they start.
+RANKS_ENV = "RESHARD_SLURM_RANKS"
+#: How long an agent waits for its node's server (the first generation's: torch importing).
+SERVER_WAIT_S = 180.0
+
+
+class SlurmForkLauncher(SlurmLauncher):
+    """Generations as job steps of one allocation, their ranks forked by each node's server."""
+
+    name = "slurm-fork"
+    srun_options = ("--overlap",)  # the servers' steps hold the nodes' CPUs too
+
+    @classmethod
+    def from_context(cls, ctx: LaunchContext) -> "SlurmForkLauncher":
+        sc = ctx.scenario
+        return cls(sc.nodes if sc else 1, preload=ctx.preload,
+                   timeout_s=sc.timeout_s if sc else 600.0, note=ctx.note)
+
+    def __init__(self, nodes: int, *, preload: Sequence[str] = (WARMUP,), timeout_s: float = 600.0,
+                 note: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        super().__init__(nodes, timeout_s=timeout_s, note=note)
+        self.preload = tuple(preload)
+        self._servers: dict[str, subprocess.Popen] = {}  # node -> its server step's srun
+        self._server = f"pytest-reshard-{self._tag}"       # the steps' name and the socket's
+        self._gen_store: Any = None
+
+    def _agent(self, specs: Sequence[RankSpec], nodes: list[str], name: str,
+               env: dict[str, str]) -> tuple[list[str], str]:
+        first, per_node = specs[0], len(specs) // len(nodes)
+        self._serve(nodes, env, first)
+        head = self._hub.address.rpartition(":")[0]
+        self._gen_store = host_store(head, len(specs))  # a fresh one: keys start at attempt 0
+        env.update(MASTER_ADDR=head, MASTER_PORT=str(self._gen_store.port),
+                   TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0",
+                   TORCHELASTIC_MAX_RESTARTS="0", WORLD_SIZE=str(len(specs)),
+                   LOCAL_WORLD_SIZE=str(per_node))
+        if "TORCHELASTIC_RUN_ID" in first.env:
+            env["TORCHELASTIC_RUN_ID"] = first.env["TORCHELASTIC_RUN_ID"]
+        own = []
+        for spec in specs:  # what torchrun gives a rank that its agent's environment lacks
+            node, local = divmod(spec.rank, per_node)
+            rank_env = {**spec.env, **env, "RANK": str(spec.rank), "ROLE_RANK": str(spec.rank),
+                        "LOCAL_RANK": str(local), "GROUP_RANK": str(node), Env.NODE: str(node)}
+            own.append({k: v for k, v in rank_env.items() if env.get(k) != v and
+                        not (k.startswith("SLURM_") and k != "SLURM_CONF")})
+        env[RANKS_ENV] = json.dumps({"per_node": per_node, "ranks": own})
+        return [sys.executable, "-m", "pytest_reshard.supervisor.launch.slurm_fork", "agent",
+                "--hub", self._hub.address, "--gen", first.env[Env.GENERATION],
+                "--server", self._server, "--", *module_or_script(first.argv)], \
+            f"{head}:{self._gen_store.port}"
+
+    def _serve(self, nodes: Sequence[str], env: dict[str, str], first: RankSpec) -> None:
+        """A server on each of ``nodes`` that has none: one job step per node, alive until the
+        launcher closes (or its node dies)."""
+        assert self.allocation is not None
+        parent = os.getpid()
+        for node in nodes:
+            running = self._servers.get(node)
+            if running is not None and running.poll() is None:
+                continue
+            log = first.log.with_name(f"slurm-fork-{node}.log")
+            with open(log, "ab") as out:
+                self._servers[node] = subprocess.Popen(
+                    ["srun", f"--jobid={self.allocation.job}", f"--job-name={self._server}",
+                     "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap",
+                     "--kill-on-bad-exit=0", "--unbuffered", sys.executable, "-m",
+                     "pytest_reshard.supervisor.launch.forkserver", "--at",
+                     f"{self._server}-{node}", *self.preload],
+                    env=server_environment({k: v for k, v in env.items() if k != RANKS_ENV}),
+                    cwd=first.cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=lambda: die_with_parent(parent))
+            self._note(Ev.NODES, {"launcher": self.name, "server": node, "log": str(log)})
+
+    def close(self) -> None:
+        """The servers' steps end first (their ranks with them), then the allocation."""
+        try:
+            if self.allocation is not None:
+                for step in self.allocation.steps(self._server):
+                    subprocess.run(["scancel", "--signal=KILL", step], capture_output=True,
+                                   timeout=30)
+            for srun in self._servers.values():
+                try:
+                    srun.wait(timeout=KILL_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    procfs.killpg(srun.pid)
+                    srun.wait(timeout=KILL_WAIT_S)
+            self._servers.clear()
+            self._gen_store = None
+        finally:
+            super().close()
+
+
+# -- the node agent --------------------------------------------------------------------------
+def _connect(name: str, deadline: float) -> socket.socket:
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect("\0" + name)
+            return sock
+        except OSError as e:
+            sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fork server {name} on this node after {SERVER_WAIT_S:.0f} "
+                                   f"s ({e}): its log is slurm-fork-<node>.log in the run "
+                                   "folder") from None
+            time.sleep(0.01)
+
+
+def _agent(argv: Sequence[str]) -> int:
+    """``agent --hub H:P --gen G --server NAME -- ARGV``: report to the hub, have the node's
+    server fork this node's ranks, pass a SIGTERM on to them, end when they have all ended."""
+    if len(argv) < 8 or argv[0] != "--hub" or argv[2] != "--gen" or argv[4] != "--server" \
+            or argv[6] != "--":
+        raise SystemExit("usage: python -m pytest_reshard.supervisor.launch.slurm_fork agent "
+                         "--hub HOST:PORT --gen G --server NAME -- ARGV...")
+    plan = json.loads(os.environ.pop(RANKS_ENV))
+    reporter = _Reporter(argv[1], int(argv[3]))
+    os.environ[Env.NODE] = str(reporter.node)
+    per_node = int(plan["per_node"])
+    first = reporter.node * per_node
+    mine = plan["ranks"][first:first + per_node]
+    try:
+        server = _connect(f"{argv[5]}-{reporter.host}", time.monotonic() + SERVER_WAIT_S)
+    except TimeoutError as e:
+        print(e, file=sys.stderr, flush=True)
+        reporter.send({"bye": 1})
+        return 1
+    # the ranks write to this task's output: the step's log, as torch's agent's workers do
+    socket.send_fds(server, [b'{"op": "hello"}\n'], [sys.stdout.fileno()])
+    server.sendall(b"".join(json.dumps({"op": "spawn", "argv": list(argv[7:]), "cwd": os.getcwd(),
+                                        "env": {**os.environ, **own}}).encode() + b"\n"
+                            for own in mine))
+
+    def forward(signum: int, frame: Any) -> None:
+        for pid in list(reporter.ranks):
+            if pid not in reporter.codes:
+                procfs.killpg(pid, signum)
+    signal.signal(signal.SIGTERM, forward)
+    threading.Thread(target=reporter.report_forever, args=(False,), daemon=True).start()
+    started, buffer = 0, b""
+    while started < len(mine) or any(pid not in reporter.codes for pid in reporter.ranks):
+        chunk = server.recv(1 << 16)
+        if not chunk:  # the node's server died (kill_node): so does this node
+            os.kill(os.getpid(), signal.SIGKILL)
+        *lines, buffer = (buffer + chunk).split(b"\n")
+        for line in lines:
+            msg = json.loads(line)
+            if "pid" in msg:
+                reporter.ranks[int(msg["pid"])] = first + started
+                started += 1
+            elif "exit" in msg:
+                reporter.exited(int(msg["exit"]), int(msg["code"]))
+    code = 0 if all(c == 0 for c in reporter.codes.values()) else 1
+    reporter.send()  # the last exit codes, then the goodbye
+    reporter.send({"bye": code})
+    return code
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["agent"]:
+        raise SystemExit("usage: python -m pytest_reshard.supervisor.launch.slurm_fork agent ...")
+    sys.exit(_agent(sys.argv[2:]))
