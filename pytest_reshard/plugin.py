@@ -17,8 +17,6 @@ from pytest_reshard.refcache import marker_options, resolve_workload
 from pytest_reshard.schedule.strategies import PROFILES  # stdlib-only at import: no hypothesis, no torch
 
 BACKENDS = ("auto", "gloo", "nccl")
-#: The launchers whose scenarios take ``--reshard-nodes`` as their default ``nodes=``.
-SLURM_LAUNCHERS = ("slurm", "slurm-fork")
 
 #: The ini types pytest's ``Parser.addini`` takes.
 _IniType = Literal["string", "paths", "pathlist", "args", "linelist", "bool", "int", "float"]
@@ -33,8 +31,8 @@ OPTIONS: list[tuple[str, _IniType, Any, str]] = [
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), "
      "torchrun, elastic (one agent per node), slurm (job steps of a SLURM allocation), or any "
      "registered launcher"),
-    ("reshard_nodes", "string", "1", "nodes of a slurm or slurm-fork scenario that does not set nodes= (each "
-     "runs world_size / nodes ranks)"),
+    ("reshard_nodes", "string", "1", "nodes of a multi-node scenario (slurm, slurm-fork, "
+     "elastic) that does not set nodes= (each runs world_size / nodes ranks)"),
     ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
     ("reshard_compare", "string", "", "compare this run's numbers with baseline NAME"),
     ("reshard_compare_fail", "string", "", "fail on regressions vs the baseline, e.g. "
@@ -313,7 +311,9 @@ def reshard_run(request: pytest.FixtureRequest, record_property: Callable[[str, 
         s = state.settings
         seed = opts.pop("seed", None)
         launcher = opts.pop("launcher", None) or s["reshard_launcher"]
-        if launcher in SLURM_LAUNCHERS:
+        from pytest_reshard.supervisor import launch
+
+        if launch.facts(launcher)["multi_node"]:
             opts.setdefault("nodes", int(s["reshard_nodes"]))
         scenario = scenario_from(
             workload, faults=faults,

@@ -53,7 +53,7 @@ def test_every_registered_launcher_is_accepted_and_others_are_refused_naming_the
     result = pytester.runpytest("--reshard-launcher=nosuch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--reshard-launcher='nosuch': choose one of elastic, fork, "
-                                 "local, slurm, torchrun*"])
+                                 "local, slurm, slurm-fork, torchrun*"])
 
 
 def test_a_users_registered_launcher_is_accepted(pytester, monkeypatch):
