@@ -145,6 +145,7 @@ class Hub:
         self.beats: dict[tuple[int, int], float] = {}   # (gen, rank) -> last line's arrival
         self.ended: dict[tuple[int, int], float] = {}   # (gen, rank) -> its connection closed
         self.nodes: dict[tuple[int, int], NodeView] = {}  # (gen, node) -> its agent's view
+        self.orders: dict[tuple[int, str], dict[str, Any]] = {}  # (gen, host) -> what it runs
         self.offsets: dict[tuple[int, int], float] = {}  # (gen, rank) -> seconds added to its t
         self.errors: list[str] = []
         #: The errno of a rank's line the run folder refused (full, read-only), else 0.
@@ -157,7 +158,7 @@ class Hub:
         self._sel.register(self._listener, selectors.EVENT_READ)
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self._lock = threading.Lock()  # guards node sockets for ``command``
+        self._lock = threading.Lock()  # guards node sockets (``command``, ``order``) and orders
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="reshard-hub", daemon=True)
         self._thread.start()
@@ -213,6 +214,15 @@ class Hub:
         except OSError:
             return False
         return True
+
+    def order(self, gen: int, host: str, what: dict[str, Any]) -> None:
+        """Tell generation ``gen``'s agent on node ``host`` what to run there (``slurm-fork``):
+        now if it is connected, else as soon as it has proven who it is."""
+        with self._lock:
+            self.orders[(gen, host)] = what
+            for (g, _), view in list(self.nodes.items()):
+                if g == gen and view.host == host and view.conn is not None and view.gone is None:
+                    _send(view.conn, {"order": what})
 
     def close(self) -> None:
         """Stop serving and close every connection: a rank still attached then ends itself."""
@@ -446,9 +456,20 @@ class Hub:
             self.beats[conn.key] = now
             conn.sock.sendall(json.dumps(plan).encode() + b"\n")
         else:
-            node = int(hello["node"])
+            node, host = int(hello["node"]), str(hello.get("host", ""))
             conn.kind, conn.key = "node", (gen, node)
-            self.nodes[conn.key] = NodeView(node, str(hello.get("host", "")), conn=conn.sock)
+            with self._lock:
+                self.nodes[conn.key] = NodeView(node, host, conn=conn.sock)
+                if (gen, host) in self.orders:
+                    _send(conn.sock, {"order": self.orders[(gen, host)]})
+
+
+def _send(sock: socket.socket, what: dict[str, Any]) -> None:
+    """One line to a node agent; one that is gone is the generation's to notice, not the hub's."""
+    try:
+        sock.sendall(json.dumps(what).encode() + b"\n")
+    except OSError:
+        pass
 
 
 def _object(line: bytes) -> dict[str, Any] | None:

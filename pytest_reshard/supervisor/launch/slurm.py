@@ -273,6 +273,19 @@ class SlurmLauncher:
         self._tag = uuid.uuid4().hex[:8]  # our steps' names: pytest-reshard-<tag>-g<gen>
 
     def launch(self, specs: Sequence[RankSpec]) -> SlurmGeneration:
+        gen, nodes, _, env = self._prepare(specs)
+        name = f"pytest-reshard-{self._tag}-g{gen}"
+        agent, rendezvous = self._agent(specs, nodes, name, env)
+        srun = self._step(name, nodes, env, agent, specs[0], gen)
+        self._note(Ev.NODES, {"launcher": self.name, "gen": gen, "name": name, "nodes": nodes,
+                              "world_size": len(specs), "hub": self._hub.address,
+                              "rendezvous": rendezvous})
+        return SlurmGeneration(self, srun, gen, len(specs), nodes, name)
+
+    def _prepare(self, specs: Sequence[RankSpec]) -> tuple[int, list[str], list[str],
+                                                           dict[str, str]]:
+        """The allocation and the hub (taken on first use), then this generation's number, the
+        nodes it runs on, the allocation's usable nodes, and its agents' environment."""
         from pytest_reshard.supervisor.hub import Hub
 
         first, world = specs[0], len(specs)
@@ -311,20 +324,21 @@ class SlurmLauncher:
                       Env.HUB_SECRET: self._hub.secret})  # srun hands it on; never on argv
         if os.environ.get("RESHARD_SLURM_IFNAME"):
             env["GLOO_SOCKET_IFNAME"] = os.environ["RESHARD_SLURM_IFNAME"]
-        name = f"pytest-reshard-{self._tag}-g{gen}"
-        agent, rendezvous = self._agent(specs, nodes, name, env)
+        return gen, nodes, usable, env
+
+    def _step(self, name: str, nodes: Sequence[str], env: dict[str, str], agent: Sequence[str],
+              first: RankSpec, gen: int) -> subprocess.Popen:
+        """Start job step ``name``: one ``agent`` task on each of ``nodes``, its output (every
+        task's, labelled) in generation ``gen``'s SLURM log."""
+        assert self.allocation is not None
         cmd = ["srun", f"--jobid={self.allocation.job}", f"--job-name={name}",
-               f"--nodes={count}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
+               f"--nodes={len(nodes)}", "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}",
                "--kill-on-bad-exit=0", "--label", "--unbuffered", *self.srun_options, *agent]
         parent = os.getpid()
         with open(first.log.with_name(f"g{gen}-slurm.log"), "ab") as log:
-            srun = subprocess.Popen(cmd, env=env, cwd=first.cwd, stdout=log,
+            return subprocess.Popen(cmd, env=env, cwd=first.cwd, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=lambda: die_with_parent(parent))
-        self._note(Ev.NODES, {"launcher": self.name, "gen": gen, "name": name, "nodes": nodes,
-                              "world_size": world, "hub": self._hub.address,
-                              "rendezvous": rendezvous})
-        return SlurmGeneration(self, srun, gen, world, nodes, name)
 
     def _agent(self, specs: Sequence[RankSpec], nodes: list[str], name: str,
                env: dict[str, str]) -> tuple[list[str], str]:
@@ -523,6 +537,26 @@ class _Reporter:
                 self.sock.sendall(json.dumps(obj).encode() + b"\n")
             except OSError:
                 self.orphaned()
+
+    def order(self) -> dict[str, Any]:
+        """Wait for the harness to say what to run on this node (``Hub.order``); the harness gone
+        meanwhile ends this agent. Call it before ``report_forever``: it reads the socket too."""
+        while True:
+            while b"\n" not in self._buf:
+                try:
+                    chunk = self.sock.recv(1 << 16)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    self.orphaned()
+                self._buf += chunk
+            line, self._buf = self._buf.split(b"\n", 1)
+            try:
+                what = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(what, dict) and isinstance(what.get("order"), dict):
+                return what["order"]
 
     def orphaned(self) -> None:
         """The harness is gone: so is everything it started on this node."""
