@@ -394,8 +394,15 @@ def state_equivalence(history: History) -> Verdict:
                               f"component{note}", details=details)
     if len(gens) <= 1:
         return Verdict.passed(check, "single generation: no reshard to check", details=details)
-    return Verdict.passed(check, "no generation resumed from saved state (each started at step 0): "
-                          "no state to compare", details=details)
+    last_saved = {g.gen: max((st for gn, st in savers if gn < g.gen), default=None)
+                  for g in gens.values() if g.gen != first_gen and not g.resume_step}
+    ignored = [f"generation {gen} started at step 0 although step {step} was saved before it"
+               for gen, step in last_saved.items() if step is not None]
+    if ignored:  # a state that was there to load, and was not: nothing here says it survives
+        return Verdict.unknown(check, f"{_summarise(ignored)}: nothing was loaded, so no state "
+                               "to compare (no_rewind judges the restart)", details=details)
+    return Verdict.passed(check, "no generation resumed from saved state (each started at step 0, "
+                          "before any save): no state to compare", details=details)
 
 
 def _dropped(comp: str, ranks: list[int], src_gen: int, gen: int, step: int,

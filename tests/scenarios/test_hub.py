@@ -496,3 +496,31 @@ def test_fuzz_replayed_answers_from_a_trusted_exchange_all_fail(tmp_path):
         assert sorted(p.name for p in hub.dir.events.iterdir()) == ["g0-r1.jsonl"]
         assert not read_jsonl(hub.dir.rank_events(0, 1))[0]
         assert set(_reasons(hub)) == {Refusal.BAD_CREDENTIALS}
+
+
+# -- orders to node agents (slurm-fork) ------------------------------------------------------
+def _node(hub: Hub, node: int, host: str, gen: int = 1) -> tuple[socket.socket, bytearray]:
+    s = _connect(hub)
+    buf = hub_hello(s, {"hello": "node", "protocol": HUB_PROTOCOL, "gen": gen, "node": node,
+                        "host": host}, hub.secret, time.monotonic() + WAIT_S)
+    return s, buf
+
+
+def test_an_order_reaches_its_nodes_agent_whether_it_said_hello_before_or_after(hub):
+    """A waiting step's agents connect before their generation launches (ordered on arrival of
+    the order), or after (ordered at their hello); an order is for one generation and node."""
+    early, early_buf = _node(hub, 0, "n1")
+    _until(lambda: (1, 0) in hub.nodes, "the early agent bound")
+    hub.order(1, "n1", {"argv": ["x.py"], "ranks": [[0, {"RANK": "0"}]]})
+    hub.order(1, "n2", {"argv": ["x.py"], "ranks": []})
+    hub.order(2, "n1", {"argv": ["x.py"], "ranks": [[5, {}]]})  # the next generation's: not now
+    late, late_buf = _node(hub, 1, "n2")
+    with early, late:
+        got = json.loads(hub_line(early, early_buf, time.monotonic() + WAIT_S, "an order"))
+        assert got == {"order": {"argv": ["x.py"], "ranks": [[0, {"RANK": "0"}]]}}
+        got = json.loads(hub_line(late, late_buf, time.monotonic() + WAIT_S, "an order"))
+        assert got == {"order": {"argv": ["x.py"], "ranks": []}}
+        early.settimeout(0.2)
+        with pytest.raises(TimeoutError):  # nothing else came: not generation 2's order
+            early.recv(1 << 16)
+    _serves(hub)

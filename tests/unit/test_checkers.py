@@ -353,6 +353,23 @@ def test_state_equivalence_passes_a_bit_exact_resharded_load() -> None:
     assert state_equivalence(clean_run()).message == "single generation: no reshard to check"
 
 
+def test_state_equivalence_cannot_pass_a_restart_that_ignored_a_saved_state() -> None:
+    """A generation that starts at step 0 although a save came before loaded nothing: no state
+    was carried over, so nothing says it would have survived (unknown, not a vacuous pass);
+    starting over before any save there is nothing to carry."""
+    b = Builder()
+    b.gen(run=range(6), cause="failure", saves={3: DIGEST})
+    b.gen(resume=0, run=range(6))
+    v = state_equivalence(b.history())
+    assert v.status == "unknown", v
+    assert v.message.startswith("generation 1 started at step 0 although step 3 was saved "
+                                "before it: nothing was loaded"), v.message
+    b = Builder()
+    b.gen(run=range(3), cause="failure")
+    b.gen(resume=0, run=range(6))
+    assert state_equivalence(b.history()).status == "pass"
+
+
 def test_state_equivalence_names_the_component_that_differs() -> None:
     bad = dict(DIGEST, optimizer="ffff")
     v = state_equivalence(reshard_run(load=(12, bad)).history())

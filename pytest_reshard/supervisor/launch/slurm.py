@@ -111,8 +111,9 @@ class Allocation:
             self.job = self._salloc(nodes, minutes)
         else:
             self.job = os.environ["SLURM_JOB_ID"]
-        node_list = _field(_slurm("scontrol", "show", "job", "-o", self.job).stdout, "NodeList")
-        self.nodes = _slurm("scontrol", "show", "hostnames", node_list).stdout.split()
+        self.node_list = _field(_slurm("scontrol", "show", "job", "-o", self.job).stdout,
+                                "NodeList")
+        self.nodes = _slurm("scontrol", "show", "hostnames", self.node_list).stdout.split()
         if len(self.nodes) < nodes:
             raise ValueError(f"the allocation {self.job} has {len(self.nodes)} nodes "
                              f"({' '.join(self.nodes)}), the scenario asks for nodes={nodes}")
@@ -152,12 +153,11 @@ class Allocation:
 
     def usable(self) -> list[str]:
         """Nodes of the allocation a new step may use: not lost, not drained or down."""
-        out = []
-        for node in self.nodes:
-            state = _field(_slurm("scontrol", "show", "node", "-o", node).stdout, "State")
-            if node not in self.lost and not any(s in state for s in _UNUSABLE):
-                out.append(node)
-        return out
+        states = {_field(line, "NodeName"): _field(line, "State") for line in
+                  _slurm("scontrol", "show", "node", "-o", self.node_list).stdout.splitlines()
+                  if line.strip()}  # one call for the whole allocation, however many nodes
+        return [node for node in self.nodes if node not in self.lost and
+                not any(s in states.get(node, "UNKNOWN") for s in _UNUSABLE)]
 
     def drain(self, nodes: Sequence[str], what: str) -> None:
         """``State=DRAIN``, with a Reason that names our job: a drain that outlives a killed
