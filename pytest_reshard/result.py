@@ -35,7 +35,7 @@ class Result:
     run_dir: Path
     history: History
     verdicts: dict[str, Verdict]
-    wall_s: float
+    wall_s: float | None         # the run's wall time; None: a recording, judged (not run) here
     replay: str
     report: Path | None = None   # report.html, once written
 
@@ -47,7 +47,8 @@ class Result:
     def save(self) -> None:
         """verdict.json and replay.txt beside the history, for CI artifacts."""
         data = {"name": self.name, "schedule_hash": self.scenario.schedule.hash,
-                "schedule": self.scenario.schedule.describe(), "wall_s": round(self.wall_s, 3),
+                "schedule": self.scenario.schedule.describe(),
+                "wall_s": None if self.wall_s is None else round(self.wall_s, 3),
                 "status": self.verdict.status, "replay": self.replay,
                 "checks": {k: v.to_dict() for k, v in self.verdicts.items()}}
         folder = RunDir(self.run_dir)

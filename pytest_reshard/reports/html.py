@@ -119,7 +119,7 @@ def render(result: Any, data: charts.ChartData, pngs: Sequence[Path] = (),
 <dt>faults</dt><dd>{escape(faults_text)}</dd>
 {'' if _recorded(result) else f"<dt>seed, schedule</dt><dd>{sc.schedule.seed}, {escape(sc.schedule.hash)}</dd>"}
 <dt>launcher, backend</dt><dd>{escape(sc.launcher)}, {escape(sc.backend)}</dd>
-<dt>wall time</dt><dd>{result.wall_s:.1f} s</dd>
+<dt>wall time</dt><dd>{'-' if result.wall_s is None else f'{result.wall_s:.1f} s'}</dd>
 <dt>files</dt><dd>{links}</dd>
 </dl>
 <h2>Replay</h2>
@@ -150,7 +150,7 @@ is a step that never ended. Hover any mark for details.</p>
 
 def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "reshard verdicts") -> Path:
     """``index.html`` in ``folder``: one line per scenario, linking its report."""
-    from pytest_reshard.reports.table import MARK, columns_of
+    from pytest_reshard.reports.table import MARK, columns_of, wall_text
 
     columns = columns_of(rows)
     folder.mkdir(parents=True, exist_ok=True)
@@ -167,7 +167,7 @@ def write_index(folder: Path, rows: Sequence[Mapping[str, Any]], title: str = "r
             if c in r["checks"] else "<td>-</td>" for c, _ in columns)
         body.append(f'<tr class="scenario" data-status="{r["status"]}"><td><span class="status '
                     f'{r["status"]}">{r["status"]}</span></td><td>{name}</td><td>{escape(r["faults"])}'
-                    f'</td>{cells}<td>{r["wall_s"]:.1f}</td></tr>')
+                    f'</td>{cells}<td>{wall_text(r["wall_s"])}</td></tr>')
     page = folder / INDEX
     page.write_text(f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,"><title>{escape(title)}</title><style>{STYLE}</style></head>

@@ -39,7 +39,8 @@ def summary_row(result: Any, worker: str | None = None, *, swept: bool = False) 
     ``swept``: a point of a file-event sweep (the ``file_point`` fixture), for its matrix. A
     test of its own that kills at a file event is not one: it may expect a failure."""
     return {"name": result.name, "faults": result.scenario.schedule.describe(),
-            "status": str(result.verdict.status), "wall_s": round(float(result.wall_s), 3),
+            "status": str(result.verdict.status),
+            "wall_s": None if result.wall_s is None else round(float(result.wall_s), 3),
             "replay": result.replay, "schedule_hash": result.scenario.schedule.hash,
             "checks": {c: {"status": str(v.status), "message": v.message}
                        for c, v in result.verdicts.items()},
@@ -85,7 +86,7 @@ def verdict_table(results: Sequence[Any]) -> list[str]:
     for r in data:
         rows.append([_short_name(r["name"]), r["faults"],
                      *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in cols),
-                     f"{r['wall_s']:.1f}"])
+                     wall_text(r["wall_s"])])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     widths[1] = min(widths[1], 72)
     lines = ["  ".join(cell[:w].ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
@@ -97,6 +98,11 @@ def verdict_table(results: Sequence[Any]) -> list[str]:
         if r["status"] != "pass" and r.get("report"):
             lines.append(f"{_short_name(r['name'])}: report {r['report']}")
     return lines
+
+
+def wall_text(seconds: float | None) -> str:
+    """A wall time in the tables; "-" for a recording (judged here, not run)."""
+    return "-" if seconds is None else f"{seconds:.1f}"
 
 
 def _short_name(nodeid: str) -> str:
@@ -112,7 +118,7 @@ def markdown_summary(results: Sequence[Any]) -> str:
     for r in data:
         cells = [_short_name(r["name"]), r["faults"],
                  *(MARK[r["checks"][c]["status"]] if c in r["checks"] else "-" for c, _ in cols),
-                 f"{r['wall_s']:.1f}"]
+                 wall_text(r["wall_s"])]
         rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     failures = [f"- **{_short_name(r['name'])}** `{check}` {v['status']}: {v['message']}\n"
                 f"  replay: `{r['replay']}`" + (f"\n  report: `{r['report']}`" if r.get("report") else "")

@@ -22,7 +22,6 @@ The verdicts, ``verdict.json`` and ``report.html`` are the harness's own (``Resu
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -169,7 +168,6 @@ def judge(folder: str | Path, *, reference: str | Path | None = None,
     """Judge the recording in ``folder``: the verdicts, ``verdict.json`` (and ``report.html``
     unless ``html=False``) written into ``out`` (default: ``folder``). Raises
     ``HistoryError`` when a folder holds no recording."""
-    started = time.monotonic()
     root = Path(folder).resolve()
     history = load_recorded(root)
     ref_dir = Path(reference).resolve() if reference is not None else None
@@ -180,8 +178,7 @@ def judge(folder: str | Path, *, reference: str | Path | None = None,
     command = "pytest-reshard judge " + str(root) + (f" --reference {ref_dir}" if ref_dir else "")
     verdicts = {k: dataclasses.replace(v, replay=command) for k, v in verdicts.items()}
     result = Result(name=f"judge {root.name}", scenario=_scenario(history, root), run_dir=target,
-                    history=history, verdicts=verdicts, wall_s=time.monotonic() - started,
-                    replay=command)
+                    history=history, verdicts=verdicts, wall_s=None, replay=command)
     result.save()
     if html:
         from pytest_reshard.reports import html as html_report

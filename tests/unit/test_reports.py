@@ -146,6 +146,16 @@ def test_tables_from_rows_name_the_report_of_a_failure():
     assert "report: `/art/gw1/t_b/report.html`" in md and "m\\|1" not in md.split("\n")[2]
 
 
+def test_a_judged_recording_has_no_wall_time_of_its_own_in_the_tables(tmp_path):
+    """Its job ran elsewhere: the tables say "-", not the judging's own fraction of a second."""
+    ran, recorded = _row("t.py::test_a", "pass", "", ""), _row("judge rec", "pass", "", "")
+    recorded["wall_s"] = None
+    lines = report.verdict_table([ran, recorded])
+    assert lines[2].endswith("1.5") and lines[3].endswith("-")
+    assert report.markdown_summary([recorded]).split("\n")[4].endswith("| - |")
+    assert "<td>-</td></tr>" in html_report.write_index(tmp_path, [recorded]).read_text()
+
+
 class FakeReporter:
     def __init__(self):
         self.out = []

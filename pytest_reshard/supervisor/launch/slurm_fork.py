@@ -140,11 +140,14 @@ class SlurmForkLauncher(SlurmLauncher):
 
     def _end(self, step: _Step | None) -> None:
         """A waiting step no generation will use: cancelled, and gone when this returns."""
-        if step is None or self.allocation is None:
-            return
-        for job_step in self.allocation.steps(step.name):
+        if step is not None:
+            self._cancel(step.name)
+            _wait(step.srun)
+
+    def _cancel(self, name: str) -> None:
+        """SIGKILL our steps called ``name`` (SLURM ends every process of a step)."""
+        for job_step in self.allocation.steps(name) if self.allocation is not None else ():
             subprocess.run(["scancel", "--signal=KILL", job_step], capture_output=True, timeout=30)
-        _wait(step.srun)
 
     def _serve(self, nodes: Sequence[str], env: dict[str, str], first: RankSpec) -> None:
         """A server on each of ``nodes`` that has none: one job step per node, alive until the
@@ -174,10 +177,7 @@ class SlurmForkLauncher(SlurmLauncher):
         try:
             self._end(self._standby)
             self._standby = None
-            if self.allocation is not None:
-                for step in self.allocation.steps(self._server):
-                    subprocess.run(["scancel", "--signal=KILL", step], capture_output=True,
-                                   timeout=30)
+            self._cancel(self._server)
             for srun in self._servers.values():
                 _wait(srun)
             self._servers.clear()
