@@ -3,10 +3,17 @@ bundled LM's, at several sizes, each loaded and judged in a fresh process (its p
 own), side by side in one run.
 
     python bench/history_scale.py [--ranks 16,64,256] [--steps 200] [--restarts 2]
+                                  [--from RUN_DIR]
 
 Each history is written as the probe and the supervisor write a training run's, event by event
 (``encode_event``): per rank and step a begin, its samples, its loss and an end; a save every 10
-steps (rank 0's with a digest), a load at each resume; R ranks x S steps, with a restart every
+steps (rank 0's with a digest), a load at each resume. ``--from RUN_DIR`` takes those from a real
+run's folder instead (a small one: ``pytest --reshard-artifacts=DIR`` keeps one per test), its
+generation 0 replicated and perturbed: each step is the real step's events (fault points,
+records with their fields, e.g. the LM's ``epoch``, ``tokens``, ``lr``), its samples as many as
+the real rank drew, unique per step and rank, its loss the real curve's (cycled over the steps)
+moved by a noise fixed per step, each save and load the real digest's components and fields,
+valued per step. R ranks x S steps, with a restart every
 S / (restarts + 1) steps (a kill of rank 1 with its detection, the next generation resumed from
 the last save, the steps since run again). It then times ``History.load`` and the checkers
 that need no clean run (``no_rewind``, ``liveness``, ``state_equivalence``) and, against a clean
@@ -23,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_reshard.contract import Ev, RunDir, encode_event, record_file
@@ -31,10 +39,80 @@ SAVE_EVERY, PER_RANK = 10, 2
 CHECKS = ("no_rewind", "liveness", "state_equivalence", "exactly_once_samples", "loss_continuity")
 
 
-def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = False) -> int:
+_OWN = ("ev", "t", "gen", "rank", "step", "#")   # what each written event sets itself
+
+
+@dataclass
+class Shape:
+    """What a real run's generation 0 looks like, per rank (0, and the others as its rank 1)."""
+
+    step: list[list[dict]]       # the events between a step's begin and end, per rank
+    save: list[dict]             # a save's fields (its digest, seconds, bytes...), per rank
+    losses: list[float]          # the real loss curve (rank 0's records)
+    per_rank: set[str] = field(default_factory=set)   # components saved per rank
+
+    @classmethod
+    def of(cls, run_dir: Path) -> "Shape":
+        from pytest_reshard.contract import read_jsonl
+
+        run = RunDir(run_dir)
+        steps: list[list[dict]] = []
+        saves: list[dict] = []
+        losses: list[float] = []
+        per_rank: set[str] = set()
+        for rank in (0, 1):
+            events = [e for _, e in read_jsonl(run.rank_events(0, rank))[0]]
+            if not events:
+                raise SystemExit(f"--from {run_dir}: no events of rank {rank} in generation 0")
+            by_step: dict[int, list[dict]] = {}
+            save: dict = {}
+            for e in events:
+                if e["ev"] == Ev.CKPT_SAVE and not save:
+                    save = {k: v for k, v in e.items() if k not in _OWN}
+                    per_rank.update(e.get("per_rank") or ())
+                elif "step" in e and e["ev"] not in (Ev.BEGIN, Ev.END, Ev.FAULT, Ev.CKPT_SAVE,
+                                                     Ev.CKPT_LOAD, Ev.RESUMED, Ev.CKPT_SAVING):
+                    by_step.setdefault(int(e["step"]), []).append(e)
+            if not by_step or not save:
+                raise SystemExit(f"--from {run_dir}: rank {rank} of generation 0 recorded no "
+                                 "step or no save; take a run that trains and saves")
+            steps.append([{k: v for k, v in e.items() if k not in _OWN} | {"ev": e["ev"]}
+                          for e in by_step[min(by_step)]])
+            saves.append(save)
+            if rank == 0:
+                losses = [e["loss"] for s in sorted(by_step) for e in by_step[s] if "loss" in e]
+        return cls(steps, saves, losses or [5.0], per_rank)
+
+    def events(self, gen: int, rank: int, step: int, ranks: int, t: float) -> list[dict]:
+        out = []
+        for e in self.step[min(rank, 1)]:
+            e = {**e, "gen": gen, "rank": rank, "step": step, "t": t}
+            if "samples" in e:
+                k = len(e["samples"])
+                e["samples"] = list(range((step * ranks + rank) * k, (step * ranks + rank + 1) * k))
+            if "loss" in e:
+                e["loss"] = self.losses[step % len(self.losses)] * (1 + 1e-3 * _noise(step))
+            out.append(e)
+        return out
+
+    def digest(self, rank: int, step: int) -> dict:
+        """The real save's fields, its digest valued for this step (and rank, where per rank)."""
+        save = self.save[min(rank, 1)]
+        return {**save, "digest": {c: f"{v}@{step}" + (f"r{rank}" if c in self.per_rank else "")
+                                   for c, v in save.get("digest", {}).items()}}
+
+
+def _noise(step: int) -> float:
+    """A fixed value in [-1, 1) per step: the clean run and the run agree on it."""
+    return ((step * 2654435761) % 2**32) / 2**31 - 1
+
+
+def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = False,
+          shape: Shape | None = None) -> int:
     """A run folder with ``restarts`` unplanned restarts; returns the number of events.
     ``record``: as a production job's record mode writes it (``pytest-reshard judge``): a file
-    per process, each launch's restart count in its start event, no supervisor."""
+    per process, each launch's restart count in its start event, no supervisor. ``shape``: each
+    step, save and load as a real run's (``Shape.of``)."""
     run = RunDir(folder)
     run.events.mkdir(parents=True, exist_ok=True)
     t = 1.0e9
@@ -52,7 +130,10 @@ def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = Fa
                       "role": "trainer", "pid": 100 + rank, "max_rewind_steps": SAVE_EVERY}]
             if record:
                 lines[0].update(gen=0, launcher="torchrun", restart=gen, job="synthetic")
-            if first:
+            if first and shape is not None:
+                lines.append({**shape.digest(rank, first - 1), "ev": Ev.CKPT_LOAD, "gen": gen,
+                              "rank": rank, "step": first - 1})
+            elif first:
                 lines.append({"ev": Ev.CKPT_LOAD, "gen": gen, "rank": rank, "step": first - 1,
                               "digest": {"model": f"m{first - 1}"} if rank == 0 else {}})
             lines.append({"ev": Ev.RESUMED, "gen": gen, "rank": rank, "step": first,
@@ -60,11 +141,14 @@ def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = Fa
             for step in range(first, last):
                 tt = t + step
                 ids = list(range((step * ranks + rank) * PER_RANK, (step * ranks + rank + 1) * PER_RANK))
-                lines += [{"ev": Ev.BEGIN, "gen": gen, "rank": rank, "step": step, "t": tt},
-                          {"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step, "samples": ids,
-                           "t": tt},
-                          {"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step,
-                           "loss": 5.0 - step * 1e-3, "t": tt}]
+                lines.append({"ev": Ev.BEGIN, "gen": gen, "rank": rank, "step": step, "t": tt})
+                if shape is not None:
+                    lines += shape.events(gen, rank, step, ranks, tt)
+                else:
+                    lines += [{"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step,
+                               "samples": ids, "t": tt},
+                              {"ev": Ev.RECORD, "gen": gen, "rank": rank, "step": step,
+                               "loss": 5.0 - step * 1e-3, "t": tt}]
                 if gen < len(kills) and step == last - 1 and rank == 1:
                     lines.append({"ev": Ev.FAULT, "gen": gen, "rank": rank, "step": step,
                                   "phase": "backward", "kind": "kill", "id": gen, "params": {},
@@ -72,8 +156,10 @@ def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = Fa
                     break
                 lines.append({"ev": Ev.END, "gen": gen, "rank": rank, "step": step, "t": tt})
                 if (step + 1) % SAVE_EVERY == 0:
-                    lines.append({"ev": Ev.CKPT_SAVE, "gen": gen, "rank": rank, "step": step,
-                                  "digest": {"model": f"m{step}"} if rank == 0 else {}, "t": tt})
+                    save = shape.digest(rank, step) if shape is not None else \
+                        {"digest": {"model": f"m{step}"} if rank == 0 else {}}
+                    lines.append({**save, "ev": Ev.CKPT_SAVE, "gen": gen, "rank": rank,
+                                  "step": step, "t": tt})
             else:
                 lines.append({"ev": Ev.EXIT, "gen": gen, "rank": rank, "code": 0, "t": t + last})
             name = record_file(rank, "node", 1000 * gen + rank, t) if record else None
@@ -137,17 +223,20 @@ def main() -> None:
                    help="print the largest size's figures as one JSON line (bench/before_after.py)")
     p.add_argument("--record", action="store_true",
                    help="write and judge record-mode folders, as pytest-reshard judge reads them")
+    p.add_argument("--from", dest="source", type=Path,
+                   help="a real run's folder whose steps, saves and loss curve the histories copy")
     p.add_argument("--judge", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.judge:
         judge(*args.judge, record=args.record)
         return
+    shape = Shape.of(args.source) if args.source else None
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for ranks in (int(r) for r in args.ranks.split(",")):
             run, clean = Path(tmp) / f"run-{ranks}", Path(tmp) / f"clean-{ranks}"
-            events = write(run, ranks, args.steps, args.restarts, args.record)
-            write(clean, ranks, args.steps, 0, args.record)
+            events = write(run, ranks, args.steps, args.restarts, args.record, shape)
+            write(clean, ranks, args.steps, 0, args.record, shape)
             done = subprocess.run([sys.executable, __file__, "--judge", str(run), str(clean),
                                    *(["--record"] if args.record else [])],
                                   capture_output=True, text=True, timeout=3600)
