@@ -29,8 +29,9 @@ OPTIONS: list[tuple[str, _IniType, Any, str]] = [
      "reuses the previous run's"),
     ("reshard_backend", "string", "auto", "process-group backend: gloo, nccl, or auto (nccl when CUDA is available)"),
     ("reshard_launcher", "string", "fork", "how ranks start: fork (warm fork server), local (cold), "
-     "torchrun, elastic (one agent per node), slurm (job steps of a SLURM allocation), or any "
-     "registered launcher"),
+     "torchrun, elastic (one agent per node), slurm (job steps of a SLURM allocation), "
+     "slurm-fork (the same, ranks forked by a warm server on each node), or any registered "
+     "launcher"),
     ("reshard_nodes", "string", "1", "nodes of a multi-node scenario (slurm, slurm-fork, "
      "elastic) that does not set nodes= (each runs world_size / nodes ranks)"),
     ("reshard_save_baseline", "string", "", "save this run's numbers as baseline NAME (regression gate)"),
