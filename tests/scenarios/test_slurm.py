@@ -321,3 +321,25 @@ def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_
            "the allocation and every process on the nodes gone")
 
 
+
+
+def test_a_fork_server_that_cannot_start_is_the_harness_failure_named_not_a_ranks_death(
+        tmp_path, cluster, toy):
+    """Its node's ranks never start: the run ends at once with the server's own words, instead
+    of its agents waiting out their deadline and the ranks counted dead (-9) against the
+    workload."""
+    from pytest_reshard import workloads
+
+    workloads.register(workloads.WorkloadSpec("no_server", script=str(toy),
+                                              preload=("pytest_reshard_no_such_module",)))
+    try:
+        sc = scenario_from("no_server", world_size=4, steps=4, timeout_s=120,
+                           launcher="slurm-fork", nodes=2)
+        started = time.monotonic()
+        with Session(tmp_path) as session, \
+                pytest.raises(Exception, match="fork server on reshard-n.*ended") as e:
+            session.execute(sc, tmp_path / "run")
+    finally:
+        workloads.unregister("no_server")
+    assert "No module named 'pytest_reshard_no_such_module'" in str(e.value)
+    assert time.monotonic() - started < 60  # not the agents' 180 s

@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from pytest_reshard import procfs
@@ -51,7 +52,7 @@ from pytest_reshard.contract import Env, Ev
 from pytest_reshard.supervisor.launch import (KILL_WAIT_S, LaunchContext, RankSpec, host_store,
                                               module_or_script)
 from pytest_reshard.supervisor.launch.forkserver import die_with_parent, server_environment
-from pytest_reshard.supervisor.launch.slurm import SlurmGeneration, SlurmLauncher, _Reporter
+from pytest_reshard.supervisor.launch.slurm import SlurmGeneration, SlurmLauncher, _Reporter, _tail
 from pytest_reshard.workloads import WARMUP
 
 __all__ = ["SlurmForkLauncher"]
@@ -89,6 +90,7 @@ class SlurmForkLauncher(SlurmLauncher):
         super().__init__(nodes, timeout_s=timeout_s, note=note)
         self.preload = tuple(preload)
         self._servers: dict[str, subprocess.Popen] = {}  # node -> its server step's srun
+        self._server_logs: dict[str, Path] = {}
         self._server = f"pytest-reshard-{self._tag}"       # the steps' name and the socket's
         self._standby: _Step | None = None                 # the next generation's step, waiting
         self._gen_store: Any = None
@@ -127,7 +129,7 @@ class SlurmForkLauncher(SlurmLauncher):
         self._note(Ev.NODES, {"launcher": self.name, "gen": gen, "name": step.name,
                               "nodes": nodes, "world_size": len(specs), "hub": self._hub.address,
                               "rendezvous": f"{head}:{self._gen_store.port}"})
-        live = SlurmGeneration(self, step.srun, gen, len(specs), nodes, step.name)
+        live = _ForkedGeneration(self, step.srun, gen, len(specs), nodes, step.name)
         self._standby = self._step_of(gen + 1, usable, env, first)
         return live
 
@@ -158,7 +160,7 @@ class SlurmForkLauncher(SlurmLauncher):
             running = self._servers.get(node)
             if running is not None and running.poll() is None:
                 continue
-            log = first.log.with_name(f"slurm-fork-{node}.log")
+            log = self._server_logs[node] = first.log.with_name(f"slurm-fork-{node}.log")
             with open(log, "ab") as out:
                 self._servers[node] = subprocess.Popen(
                     ["srun", f"--jobid={self.allocation.job}", f"--job-name={self._server}",
@@ -184,6 +186,27 @@ class SlurmForkLauncher(SlurmLauncher):
             self._gen_store = None
         finally:
             super().close()
+
+
+    def check_servers(self, gen: int, nodes: Sequence[str]) -> None:
+        """Raise if a node's server ended before any rank of generation ``gen`` started there:
+        the harness failed to start the ranks (their deaths would blame the workload). A server
+        that ends after (``kill_node`` kills it) is the node's death."""
+        for node in nodes:
+            srun = self._servers.get(node)
+            if srun is None or srun.poll() is None:
+                continue
+            if not any(g == gen and view.host == node and view.ranks
+                       for (g, _), view in list(self._hub.nodes.items())):
+                raise RuntimeError(f"the fork server on {node} ended (srun exit "
+                                   f"{srun.returncode}) before generation {gen}'s ranks started "
+                                   f"there: {_tail(self._server_logs[node])}")
+
+
+class _ForkedGeneration(SlurmGeneration):
+    def exit_codes(self) -> dict[int, int | None]:
+        self._launcher.check_servers(self.gen, self.nodes)  # type: ignore[attr-defined]
+        return super().exit_codes()
 
 
 def _wait(srun: subprocess.Popen) -> None:
