@@ -177,7 +177,12 @@ def test_lm_survives_a_killed_node_on_the_node_left(reshard_run, cluster, launch
     assert [(d["kind"], d["rank"], d["exit_code"]) for d in died] == [("died", 2, -9)]
 
 
-@pytest.mark.parametrize("launcher", ["slurm", "slurm-fork"])
+#: The CI budget: a cold ``slurm`` run of it is nightly; ``slurm-fork`` runs it on every PR (the
+#: same ``scancel``, three times faster) and the cold launcher keeps ``kill_node`` there.
+COLD_NIGHTLY = [pytest.param("slurm", marks=pytest.mark.nightly), "slurm-fork"]
+
+
+@pytest.mark.parametrize("launcher", COLD_NIGHTLY)
 @pytest.mark.reshard(world_size=4, steps=10, timeout=240)
 def test_a_slurm_preemption_is_scancel_term_and_costs_no_committed_step(reshard_run, cluster,
                                                                         launcher):
@@ -302,7 +307,7 @@ def test_a_fast_script_preempted_by_slurm_is_judged_from_where_the_sigterm_lande
     assert not landed or min(landed) > max(fired)  # SLURM's, after the point (if before the end)
 
 
-@pytest.mark.parametrize("launcher", ["slurm", "slurm-fork"])
+@pytest.mark.parametrize("launcher", COLD_NIGHTLY)  # slurm-fork leaves more to clean up
 def test_a_harness_killed_outright_leaves_no_job_and_no_process_on_any_node(tmp_path, cluster,
                                                                            launcher):
     """SIGKILL the harness mid-training: its ranks see the hub's connection close and end, the
