@@ -607,11 +607,9 @@ class History(MembershipQueries):
             return out
         first: dict[int, int] = {}   # rank -> its first record's position: ranks in history order
         for s, p in self._ix.records.get((gen, step), ()):
-            samples = s.value(p, "samples")
-            if samples is not None:
-                epoch = int(s.value(p, "epoch", 0) or 0)
-                ids = [int(x) for x in samples]
-                out.setdefault(s.rank, []).append((epoch, ids))
+            drawn = s.drawn(p)
+            if drawn is not None:
+                out.setdefault(s.rank, []).append((int(drawn[1] or 0), list(map(int, drawn[0]))))
                 first.setdefault(s.rank, s.index[p])
         if len(out) > 1 and list(first.values()) != sorted(first.values()):
             out = {r: out[r] for r in sorted(out, key=first.__getitem__)}

@@ -152,6 +152,24 @@ class RankStream:
             return self.extra[pos] if at < 0 else self.extra[pos][at]
         return self.event(pos).get(name, default)
 
+    def drawn(self, pos: int) -> tuple[Any, Any] | None:
+        """``(samples, epoch)`` of the event at ``pos`` (epoch None where it has none), None
+        where it has no samples: ``value`` of both in one lookup of the event's field order
+        (``History.drawn`` asks it of every record of a run: millions at a thousand ranks)."""
+        if not self.kind[pos]:
+            e = self.event(pos)
+            samples = e.get("samples")
+            return None if samples is None else (samples, e.get("epoch"))
+        at = _FIELD_AT[self.shape[pos]]
+        i = at.get("samples")
+        if i is None:
+            return None
+        x = self.extra[pos]
+        if i < 0:   # its one field beyond the usual ones: no epoch
+            return None if x is None else (x, None)
+        j = at.get("epoch")
+        return None if x[i] is None else (x[i], None if j is None else x[j])
+
     def event(self, pos: int) -> Event:
         """The event at ``pos`` as recorded."""
         code = self.kind[pos]
