@@ -23,8 +23,7 @@ What differs from ``slurm``, and what it does not prove:
   a step's cancel) kills the agent, and the server kills that agent's ranks when its connection
   drops. A step's memory limits and accounting do not cover the ranks;
 - ``kill_node`` kills the node's server (the ranks' parent) and its ranks; the agent, left
-  without its server, dies too, and the node is lost as under ``slurm``.
-
+  without its server, dies too, and the node is lost as under ``slurm``;
 - a step started one generation early runs on the nodes usable then: a node drained or lost since
   gets an empty order; a step that does not cover the generation's nodes is cancelled and a new
   one started (a cold step, as at the first generation).
@@ -204,8 +203,12 @@ class SlurmForkLauncher(SlurmLauncher):
 
 
 class _ForkedGeneration(SlurmGeneration):
+    """A generation whose ranks its nodes' servers fork (``check_servers`` at each poll)."""
+
+    _launcher: SlurmForkLauncher
+
     def exit_codes(self) -> dict[int, int | None]:
-        self._launcher.check_servers(self.gen, self.nodes)  # type: ignore[attr-defined]
+        self._launcher.check_servers(self.gen, self.nodes)
         return super().exit_codes()
 
 
@@ -228,8 +231,8 @@ def _connect(name: str, deadline: float) -> socket.socket:
             sock.close()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no fork server {name} on this node after {SERVER_WAIT_S:.0f} "
-                                   f"s ({e}): its log is slurm-fork-<node>.log in the run "
-                                   "folder") from None
+                                   f"s ({e}): its log is logs/slurm-fork-<node>.log in the "
+                                   "run folder") from None
             time.sleep(0.01)
 
 
