@@ -558,6 +558,11 @@ class _Reporter:
             if isinstance(what, dict) and isinstance(what.get("order"), dict):
                 return what["order"]
 
+    def bye(self, code: int) -> None:
+        """The last report (the last exit codes), then the goodbye with this agent's code."""
+        self.send()
+        self.send({"bye": code})
+
     def orphaned(self) -> None:
         """The harness is gone: so is everything it started on this node."""
         for pid in list(self.ranks):
@@ -681,8 +686,7 @@ def _agent(argv: Sequence[str]) -> int:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else 1
     finally:
-        reporter.send()  # the last exit codes, then the goodbye
-        reporter.send({"bye": code})
+        reporter.bye(code)
     return code
 
 

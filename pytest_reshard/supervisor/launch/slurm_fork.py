@@ -246,13 +246,13 @@ def _agent(argv: Sequence[str]) -> int:
     reporter = _Reporter(argv[1], int(argv[3]))
     order = reporter.order()
     if not order["ranks"]:  # a waiting step's node this generation does not use
-        reporter.send({"bye": 0})
+        reporter.bye(0)
         return 0
     try:
         server = _connect(f"{argv[5]}-{reporter.host}", time.monotonic() + SERVER_WAIT_S)
     except TimeoutError as e:
         print(e, file=sys.stderr, flush=True)
-        reporter.send({"bye": 1})
+        reporter.bye(1)
         return 1
     # the ranks write to this task's output: the step's log, as torch's agent's workers do
     socket.send_fds(server, [b'{"op": "hello"}\n'], [sys.stdout.fileno()])
@@ -281,8 +281,7 @@ def _agent(argv: Sequence[str]) -> int:
             elif "exit" in msg:
                 reporter.exited(int(msg["exit"]), int(msg["code"]))
     code = 0 if all(c == 0 for c in reporter.codes.values()) else 1
-    reporter.send()  # the last exit codes, then the goodbye
-    reporter.send({"bye": code})
+    reporter.bye(code)
     return code
 
 
