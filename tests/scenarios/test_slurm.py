@@ -252,6 +252,7 @@ def _knock(run_dir: Path, times: int, done: list[str]) -> None:
     done.append("knocked")
 
 
+@pytest.mark.nightly  # the CI budget: forged peers beside a real rank run on every PR (test_hub.py)
 def test_forged_hellos_during_a_slurm_run_are_refused_named_and_change_nothing(tmp_path, cluster):
     """Three connections of a process without the run's secret, during a real run: the verdict
     names them with the address they came from, and the forged ``end`` is nowhere."""
