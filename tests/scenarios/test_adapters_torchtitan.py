@@ -78,6 +78,7 @@ def test_a_rank_killed_entering_a_save_resumes_from_the_previous_one(reshard_run
     assert result.history.generations[1].resume_step == 3
 
 
+@pytest.mark.nightly   # the CI budget: a death entering DCP's save (above) and the file sweeps stay
 def test_a_crash_inside_dcps_save_before_its_metadata_resumes_from_the_previous_save(reshard_run,
                                                                                      tmp_path):
     """A point inside DCP's own save, reached by the file watcher (DCP's writer untouched):

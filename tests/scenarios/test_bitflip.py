@@ -1,6 +1,8 @@
 """``bitflip`` end to end: one bit of a DDP replica's parameter flipped on rank 1 at step 4,
 judged by ``silent_corruption`` against the clean run's saves (``workloads/sdc_train.py``
 checkpoints every 3 steps, rank 0 writing)."""
+import pytest
+
 from pytest_reshard import chaos
 
 SCRIPT = "../workloads/sdc_train.py"
@@ -33,6 +35,7 @@ def test_a_nan_guard_misses_a_flip_the_loss_never_shows(reshard_run):
         "unnoticed" in v.message, v.message
 
 
+@pytest.mark.nightly   # the CI budget: the guards above catch (or miss) a flip in CI
 def test_the_lms_loss_guard_catches_a_flipped_exponent_and_the_relaunch_loses_nothing(reshard_run):
     """FSDP2: the flip lands in rank 1's shard of the embedding; the loss goes NaN at step 8,
     the guard stops every rank before that update and before the save of step 9, and the

@@ -94,6 +94,7 @@ def test_a_device_mix_that_does_not_fit_the_world_says_so():
 
 
 @CGROUPS
+@pytest.mark.nightly   # the CI budget: the capped runs above show shares and balance in CI
 @pytest.mark.reshard(world_size=2, steps=14, timeout=120)
 def test_a_new_device_mix_relaunches_with_the_new_classes_and_the_shares_follow(reshard_run):
     """An H100 + A100 world moves to three L40S-class ranks at step 5 (with notice): the next

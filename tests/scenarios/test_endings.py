@@ -24,7 +24,7 @@ def test_ddp_script_ending_normally_passes_under_fork(reshard_run):
     stopped responding at step 29, phase end" in most runs on a loaded machine."""
     from pytest_reshard import chaos
 
-    for i in range(5):
+    for i in range(3):   # the deadlock hit most runs: three is enough to see it
         result = reshard_run(DDP, launcher="fork",
                              faults=[chaos.shift_shards(to_world_size=3, at_step=10, notice_s=20)])
         assert result.history.detections() == [], f"run {i}: {result.history.detections()}"

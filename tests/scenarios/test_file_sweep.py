@@ -110,6 +110,7 @@ def test_file_point_without_a_scenario_is_a_usage_error(pytester):
     assert "file_point needs the scenario it sweeps" in out.stdout.str() + out.stderr.str()
 
 
+@pytest.mark.nightly   # the CI budget: the sweep above records its scenario from its test's marker
 def test_the_sweep_records_its_scenario_from_the_modules_marker_too(pytester):
     """A module's ``pytestmark`` sets the size and length, the test's own marker the workload: the
     recording runs the scenario both make, as ``reshard_run`` does."""

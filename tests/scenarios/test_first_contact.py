@@ -78,6 +78,7 @@ def test_folders_are_unique_per_node_id_and_never_another_tests(tmp_path):
     assert rows["name"] == "t.py::test_it[x_y]"
 
 
+@pytest.mark.nightly   # the CI budget: test_cli.py replays a saved scenario in CI
 def test_the_replay_command_runs_from_where_pytest_was_started(pytester):
     sub = pytester.mkdir("suite")
     (sub / "test_one.py").write_text(f"""

@@ -6,6 +6,7 @@ import pytest
 from ..conftest import WORKLOADS
 
 
+@pytest.mark.nightly   # the CI budget: test_upgrade_gate.py plants +200 MB under a budget in CI
 def test_200mb_more_per_rank_under_a_budget_fails_the_gate(pytester):
     """A torch upgrade that adds about 200 MB per GPU kills the ranks with the least headroom:
     under a fixed 1 GiB budget per rank, a baseline, then the same scenario with +200 MB on

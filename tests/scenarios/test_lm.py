@@ -34,12 +34,18 @@ def test_unreplicated_kill_costs_at_most_the_checkpoint_interval(reshard_run):
     assert result.history.generations[1].resume_step in (6, 7)  # checkpoint after step 5 or 6
 
 
+#: The CI budget: these checkers' fail cases on a user's script run in CI (test_harness_toy.py's
+#: restart from zero and dropped optimizer state, test_dflash.py's drafter that exits silently).
+BY_THE_TOY = pytest.mark.nightly
+
+
 @pytest.mark.parametrize("bug, check, pattern", [
-    ("restart_from_zero", "no_rewind", r"committed steps 0\.\.4 replayed"),
-    ("drop_optimizer_state", "state_equivalence", r"optimizer"),
+    pytest.param("restart_from_zero", "no_rewind", r"committed steps 0\.\.4 replayed",
+                 marks=BY_THE_TOY),
+    pytest.param("drop_optimizer_state", "state_equivalence", r"optimizer", marks=BY_THE_TOY),
     ("reset_data_position", "exactly_once_samples", r"twice|duplicate"),
     ("skip_batch_on_resume", "exactly_once_samples", r"never consumed"),
-    ("quit_early", "liveness", r"rank 1 exited with code 0"),
+    pytest.param("quit_early", "liveness", r"rank 1 exited with code 0", marks=BY_THE_TOY),
     ("perturb_on_load", "loss_continuity", r"resume point step 5"),
 ])
 def test_planted_bug_is_caught_by_its_checker(reshard_run, bug, check, pattern):

@@ -124,7 +124,8 @@ def _run_ranks(tmp_path: Path, world: int, replicas: int, order: list[int]) -> d
 @pytest.mark.parametrize("world,replicas,order", [
     (3, 1, []),             # uneven shards (vocab 256 over 3)
     (4, 2, []),             # HSDP: 2 replicas x 2 shards
-    (2, 1, [1, 0]),         # a permuted mesh, even shards: the bytes move with the coordinates
+    pytest.param(2, 1, [1, 0],  # a permuted mesh, even shards: the bytes move with the coordinates
+                 marks=pytest.mark.nightly),   # the CI budget: the uneven permutation stays
     (3, 1, [2, 0, 1]),      # a permuted mesh, uneven shards: the per-tensor gather's answer
 ], ids=["3-uneven", "hsdp-2x2", "permuted-even", "permuted-uneven"])
 def test_the_sharded_digest_is_the_full_state_digest(tmp_path, world, replicas, order):

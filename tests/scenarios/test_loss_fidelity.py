@@ -129,8 +129,13 @@ BUGS = [
 ]
 
 
-@pytest.mark.parametrize("args, faults, status, pattern", [b[1:] for b in BUGS],
-                         ids=[b[0] for b in BUGS])
+#: The CI budget: per-device-batch/shift (above) shows the same unknown across sizes in CI.
+BUGS_NIGHTLY = {"per-device-batch/optimizer-dropped/shift"}
+
+
+@pytest.mark.parametrize("args, faults, status, pattern", [
+    pytest.param(*b[1:], id=b[0], marks=[pytest.mark.nightly] if b[0] in BUGS_NIGHTLY else [])
+    for b in BUGS])
 def test_planted_bug_the_old_floor_passed_is_not_passed(session, args, faults, status, pattern):
     scenario, result = run(session, args, faults, "bug-" + "-".join(args) + f"-{len(faults)}")
     v = result.verdicts["loss_continuity"]

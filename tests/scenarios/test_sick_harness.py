@@ -117,7 +117,8 @@ def test_the_probe_keeps_training_when_its_events_file_refuses_a_write(small_fs:
 
 
 @pytest.mark.parametrize("launcher,extra", [("fork", {}), ("local", {}), ("torchrun", {}),
-                                            ("elastic", {"nodes": 2})])
+                                            pytest.param("elastic", {"nodes": 2},  # the CI budget
+                                                         marks=pytest.mark.nightly)])
 def test_a_harness_killed_outright_leaves_no_process_port_or_namespace(tmp_path: Path, toy: str,
                                                                         launcher: str,
                                                                         extra: dict) -> None:
