@@ -36,8 +36,13 @@ except Exception:
 
 _model = torch.nn.Linear(2, 1)
 _opt = torch.optim.AdamW(_model.parameters())
-_model(torch.ones(1, 2)).sum().backward()
-_opt.step()
+# On a build with CUDA, the first backward initialises the CUDA driver and starts a worker thread
+# per GPU, and the first step asks the driver whether a graph is being captured: a server with
+# threads, or with a CUDA context, cannot fork ranks that use the GPU. There each rank pays its
+# own first backward and step (about 10 ms).
+if not torch.backends.cuda.is_built():
+    _model(torch.ones(1, 2)).sum().backward()
+    _opt.step()
 del _model, _opt
 
 #: Every default process group a forked rank created, held until its interpreter exits.
