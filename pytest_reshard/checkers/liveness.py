@@ -140,7 +140,9 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
     all ended. In a fixed world a step needs every rank's collectives, so a rank that goes on
     alone swallowed the error that should have stopped it (an aborted or failed collective, then
     ignored): what it trains is nobody's model. Membership mode, whose replica groups rightly go
-    on without each other, is left out."""
+    on without each other, is left out; so are the steps a producer may run ahead through its
+    bounded queue (the ``queue`` depth it recorded): a pipeline's targets share no collective,
+    and a fast one fills its queue before a dead peer stalls the consumer (seen on a GPU)."""
     if history.member_events():
         return []
     problems: list[dict[str, Any]] = []
@@ -159,7 +161,8 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
             together = [s for s in steps if ranks <= history.ended_by(g, s)]
             base = together[-1] if together else min(steps, default=0) - 1
             for r in sorted(ranks):
-                alone = sorted(s for s in ended.get(r, ()) if s > base + 1)
+                ahead = max(1, _queue_depth(history, g, r, steps))
+                alone = sorted(s for s in ended.get(r, ()) if s > base + ahead)
                 if not alone:
                     continue
                 others = ", ".join(str(x) for x in sorted(ranks - {r}))
@@ -172,6 +175,11 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
                                "aborted collective)",
                     "step": alone[0], "rank": r, "generation": g, "fault": None})
     return problems
+
+
+def _queue_depth(history: History, gen: int, rank: int, steps: list[int]) -> int:
+    """The deepest queue ``rank`` recorded in ``gen`` (0 for a rank that records none)."""
+    return int(max((history.metric(gen, s, "queue").get(rank, 0.0) for s in steps), default=0.0))
 
 
 def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:

@@ -1006,3 +1006,19 @@ def test_liveness_fails_a_rank_that_trained_on_without_its_peers() -> None:
                                 "rank 0 never ended (all of them ended up to step 4)"), v.message
     assert (v.rank, v.step, v.generation) == (1, 6, 0)
     assert liveness(killed_run(resume=10).history()).status == "pass"   # one step past: a kill
+
+
+def test_liveness_lets_a_producer_run_ahead_through_its_queue() -> None:
+    """A pipeline's producer shares no collective with its peers: with a queue of depth 2 it may
+    end two steps the dead peer never ended; a third is past any queue, so it swallowed an error."""
+    def run(alone: list[int]) -> Builder:
+        b = Builder(steps=10)
+        b.gen(run=range(5), partial={s: [1] for s in alone}, cause="failure")
+        for s in range(5):
+            b.rank(0, 1, "record", step=s, queue=2)
+        b.gen(resume=5, run=range(5, 10))
+        return b
+
+    assert liveness(run([5, 6]).history()).status == "pass"
+    v = liveness(run([5, 6, 7]).history())
+    assert v.status == "fail" and (v.rank, v.step) == (1, 7), v
