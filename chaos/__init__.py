@@ -30,6 +30,7 @@ from pytest_reshard.chaos.hang import hang
 from pytest_reshard.chaos.kill import kill, kill_during_save
 from pytest_reshard.chaos.kill_node import kill_node
 from pytest_reshard.chaos.memory_pressure import memory_pressure
+from pytest_reshard.chaos.migrate import migrate
 from pytest_reshard.chaos.partition import partition
 from pytest_reshard.chaos.power_loss import power_loss
 from pytest_reshard.chaos.preempt import preempt
@@ -41,8 +42,8 @@ from pytest_reshard.schedule import Fault
 from pytest_reshard.schedule import kinds as _kinds
 
 __all__ = ["abort_comms", "bitflip", "change_devices", "crash_silently", "drain", "ecc_error", "fault", "hang", "kill",
-           "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "partition", "power_loss",
-           "preempt", "rebalance", "shift_shards", "slow_link", "slow_rank", "Fault"]
+           "kill_at_file_event", "kill_during_save", "kill_node", "memory_pressure", "migrate", "partition",
+           "power_loss", "preempt", "rebalance", "shift_shards", "slow_link", "slow_rank", "Fault"]
 
 
 def fault(kind: str, *, at_step: int, phase: str, rank: int | None = None,

@@ -104,11 +104,14 @@ class FaultNotInjected(InjectedFault):
 
 @dataclass(frozen=True)
 class ReshardNotice:
-    """A planned reshard: save a checkpoint and exit before ``deadline`` (``time.time()``)."""
+    """A planned reshard: save a checkpoint and exit before ``deadline`` (``time.time()``).
+    ``moves``: a migration's rank, whose shard moves to a new process (the world keeps its
+    size); a workload that cannot migrate in place saves and exits as for any reshard."""
 
     to_world_size: int
     deadline: float
     kind: str = "shift_shards"
+    moves: int | None = None
 
 
 @dataclass(frozen=True)
@@ -116,17 +119,24 @@ class LiveChange:
     """The harness's answer to ``Run.live_reshard``: the world these processes form next.
 
     Old rank ``survivors[i]`` becomes new rank ``i``; the processes the harness started to join
-    take the ranks after them. ``master_addr:master_port`` is the new world's rendezvous store,
-    fresh (a re-formed world's groups reuse the old one's names), hosted by the harness."""
+    take the ranks after them, and in a migration the one rank whose entry is None (its old
+    process leaves, a new one takes its place). ``master_addr:master_port`` is the new world's
+    rendezvous store, fresh (a re-formed world's groups reuse the old one's names), hosted by
+    the harness."""
 
     generation: int              # the new world's generation
     world_size: int
     old_world_size: int
-    survivors: tuple[int, ...]
+    survivors: tuple[int | None, ...]
     master_addr: str
     master_port: int
     step: int                    # the old world's last step; the new one starts after it
     rank: int | None             # this process's rank in the new world; None: it leaves
+
+    @property
+    def moved(self) -> int | None:
+        """The rank a migration moves to a new process (None: a reshard)."""
+        return next((r for r, old in enumerate(self.survivors) if old is None), None)
 
     @classmethod
     def read(cls, path: Path, *, rank: int | None) -> "LiveChange":

@@ -181,6 +181,9 @@ def validate(schedule: Schedule, *, world_size: int, steps: int,
         if key == "rank" and int(value) >= size:
             raise ScheduleError(f"{where}: rank {value} does not exist at step {fault.step}, "
                                 f"where the world size is {size}")
+        if kind.replaces and int(fault.params["rank"]) >= size:
+            raise ScheduleError(f"{where}: rank {fault.params['rank']} does not exist at step "
+                                f"{fault.step}, where the world size is {size}")
         if ending in (kinds.Ending.DEATH, kinds.Ending.HANG) and fault.target == "all" and size > 1:
             raise ScheduleError(f"{where}: that takes down every rank, so nobody is left to "
                                 f"recover; target one rank or 'minority' (or use preempt)")

@@ -77,7 +77,9 @@ class FaultKind:
     - ``cause``: for ``Ending.PLANNED``, how the generation ends (``Cause.RESHARD``, ...).
     - ``deadline_param``: the param holding a planned fault's deadline in seconds (the
       supervisor kills ranks still alive after it); ``relocates``: the next generation moves
-      ranks to other devices (a rebalance).
+      ranks to other devices (a rebalance); ``replaces``: the next generation keeps the world
+      and every rank's process but one, the fault's ``rank`` param, whose shard moves to a new
+      process (a migration).
     - ``default_target``: ``"one"`` (a victim drawn from the seed) or ``"all"``.
     - ``draw(draw, ctx) -> Fault``: how Hypothesis draws one (``None``: never drawn);
       ``min_world_size``: drawn only at or above this size (a death needs a survivor).
@@ -99,6 +101,7 @@ class FaultKind:
     cause: Cause | None = None
     deadline_param: str | None = None
     relocates: bool = False
+    replaces: bool = False
     default_target: str = "one"
     draw: Callable[[Any, DrawContext], "Fault"] | None = None
     min_world_size: int = 1

@@ -45,6 +45,7 @@ class Outcome:
     device_map: list[int] | None = None  # the next generation's rank -> device map (rebalance)
     next_devices: list[str] | None = None  # the next generation's device classes (change_devices)
     live: bool = False              # the next generation is these processes, re-formed in place
+    replaced: int | None = None     # the rank whose process a migration replaces (same world)
     at: float | None = None         # when it ended (time.time()), if not when the watch returned
 
 
@@ -139,6 +140,9 @@ class PendingEnd:
         if declared is not None and declared.relocates:
             device_map = rebalanced(world_size, params["fraction"], f"{seed}:{self.fault_id}")
             detail += f": rank r now on device {device_map}[r]"
+        replaced = int(params["rank"]) if declared is not None and declared.replaces else None
+        if replaced is not None:
+            detail += f": rank {replaced}'s shard moves to a new process"
         if params.get("roles"):
             detail += f"; roles now {dict(params['roles'])}"
         if params.get("devices"):
@@ -151,7 +155,8 @@ class PendingEnd:
                        "checkpoint")
         return Outcome(self.cause, planned=True, fault_id=self.fault_id, detail=detail,
                        next_world_size=int(after), device_map=device_map,
-                       next_roles=params.get("roles"), next_devices=params.get("devices"))
+                       next_roles=params.get("roles"), next_devices=params.get("devices"),
+                       replaced=replaced)
 
 
 def rebalanced(world_size: int, fraction: float, seed: str) -> list[int]:

@@ -321,6 +321,9 @@ class Supervisor:
                        "generations; use launcher fork or local")
         if problem is None and self.members is not None:
             problem = "a live reshard in membership mode (replica_groups) is not supported"
+        if problem is None and outcome is not None and outcome.replaced is not None \
+                and outcome.replaced >= len(roles):
+            problem = f"rank {outcome.replaced} is not a rank of this world of {len(roles)}"
         if problem is None and self.scenario.files:
             problem = ("file events are recorded per generation and process (files=True): a "
                        "process going on into the next generation cannot be judged file by file")
@@ -332,7 +335,9 @@ class Supervisor:
         assert outcome.next_world_size is not None  # a planned reshard's outcome names the size
         new_roles = next_roles(roles, outcome.next_world_size, lost=None, wanted=outcome.next_roles)
         world = len(new_roles)
-        survivors = list(range(min(len(roles), world)))
+        survivors: list[int | None] = list(range(min(len(roles), world)))
+        if outcome.replaced is not None:  # a migration: a joiner takes the moved rank's place
+            survivors[outcome.replaced] = None
         self.device_map = outcome.device_map
         self._plan(gen + 1, world, new_roles)
         store = _store(world)
@@ -340,21 +345,29 @@ class Supervisor:
             "gen": gen + 1, "world_size": world, "old_world_size": len(roles),
             "survivors": survivors, "master_addr": "127.0.0.1", "master_port": store.port,
             "step": step})
-        outcome.at = time.time()
+        # A reshard hands over now; a migration's old world trains on until its swap, when the
+        # generation ends (the handover) and the next one starts.
+        outcome.at = time.time() if outcome.replaced is None else None
         started = dict(gen=gen + 1, world_size=world, roles=new_roles, port=store.port,
-                       launcher=self.scenario.launcher, by="live reshard", survivors=survivors,
-                       t=outcome.at + 1e-6)
-        joiners = self._specs(gen + 1, world, new_roles, store.port, True)[len(survivors):]
+                       launcher=self.scenario.launcher,
+                       by="live reshard" if outcome.replaced is None else "migration",
+                       survivors=survivors, t=outcome.at + 1e-6 if outcome.at else None)
+        joiners = [spec for rank, spec in enumerate(self._specs(gen + 1, world, new_roles,
+                                                                 store.port, True))
+                   if rank >= len(survivors) or survivors[rank] is None]
         for spec in joiners:
             spec.env[Env.JOIN] = str(gen)
         joined = self.launcher.launch(joiners) if joiners else None
         assert self._live is not None
         self._next = (Regrouped(self._live, survivors, joined), store, started)
         outcome.live = True
-        outcome.detail += (f"; in place: ranks {survivors} go on"
-                           + (f", {len(joiners)} joined" if joiners else "")
-                           + (f", ranks {list(range(world, len(roles)))} left"
-                              if world < len(roles) else ""))
+        if outcome.replaced is not None:
+            outcome.detail += f"; in place: a new process took rank {outcome.replaced}'s shard"
+        else:
+            outcome.detail += (f"; in place: ranks {survivors} go on"
+                               + (f", {len(joiners)} joined" if joiners else "")
+                               + (f", ranks {list(range(world, len(roles)))} left"
+                                  if world < len(roles) else ""))
         return outcome
 
 

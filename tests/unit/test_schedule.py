@@ -100,6 +100,18 @@ def test_a_device_change_needs_known_classes_and_a_heterogeneous_world():
     scenario_from("lm", world_size=2, steps=6, faults=[change], devices=["h100", "a100"])
 
 
+def test_a_migration_names_a_rank_of_the_world_in_effect():
+    with pytest.raises(ScheduleError, match="a rank >= 0"):
+        chaos.migrate(-1, at_step=2)
+    move = chaos.migrate(3, at_step=2, notice_s=5)
+    assert (move.kind, move.target, move.params) == ("migrate", "all", {"rank": 3, "notice_s": 5.0})
+    scenario_from("lm", world_size=4, steps=6, faults=[move])
+    with pytest.raises(ScheduleError, match="rank 3 does not exist at step 4, where the world "
+                                            "size is 3"):
+        scenario_from("lm", world_size=4, steps=6, faults=[
+            chaos.shift_shards(to_world_size=3, at_step=1), chaos.migrate(3, at_step=4)])
+
+
 def test_an_unknown_scenario_option_is_refused_with_the_list_of_options():
     with pytest.raises(ValueError, match="no scenario option 'stall': the options are args, "
                                          "timeout_s, .*stall_s"):

@@ -114,14 +114,16 @@ class LiveGeneration:
 class Regrouped(LiveGeneration):
     """A world re-formed in place (a live reshard): old rank ``survivors[i]`` of ``old``, the
     same process, is rank ``i`` now; ``joined`` holds the processes started for the ranks
-    after them. Killing it ends both, the leavers of ``old`` included."""
+    after them, and for a rank whose entry is None (a migration's). Killing it ends both, the
+    leavers of ``old`` included."""
 
-    def __init__(self, old: LiveGeneration, survivors: Sequence[int],
+    def __init__(self, old: LiveGeneration, survivors: Sequence[int | None],
                  joined: LiveGeneration | None) -> None:
-        self._old, self._survivors, self._joined = old, list(survivors), joined
+        self._old, self._joined = old, joined
+        self._survivors = {new: r for new, r in enumerate(survivors) if r is not None}
 
     def _part(self, rank: int) -> tuple[LiveGeneration, int]:
-        if rank < len(self._survivors):
+        if rank in self._survivors:
             return self._old, self._survivors[rank]
         if self._joined is None:
             raise KeyError(rank)
@@ -129,12 +131,12 @@ class Regrouped(LiveGeneration):
 
     def pids(self) -> dict[int, int]:
         old = self._old.pids()
-        pids = {new: old[r] for new, r in enumerate(self._survivors) if r in old}
+        pids = {new: old[r] for new, r in self._survivors.items() if r in old}
         return {**pids, **(self._joined.pids() if self._joined else {})}
 
     def exit_codes(self) -> dict[int, int | None]:
         old = self._old.exit_codes()
-        codes = {new: old.get(r) for new, r in enumerate(self._survivors)}
+        codes = {new: old.get(r) for new, r in self._survivors.items()}
         return {**codes, **(self._joined.exit_codes() if self._joined else {})}
 
     def signal(self, rank: int, sig: int) -> None:
