@@ -366,10 +366,11 @@ def state_equivalence(history: History) -> Verdict:
                                "mismatches": len(mismatches), "missing": len(missing),
                                "excused": excused, "dropped": dropped + dropped_rng}
     if mismatches:
-        m = mismatches[0]
+        # A rank's own state that differs says which rank went wrong; lead with it.
+        m = next((x for x in mismatches if x.get("own")), mismatches[0])
         details["differ"] = m["differ"]
         text = m["message"]
-        rest = [x["message"] for x in mismatches[1:]] + [x["message"] for x in missing]
+        rest = [x["message"] for x in mismatches if x is not m] + [x["message"] for x in missing]
         if len(mismatches) > 1:
             text += f" ({len(mismatches)} mismatching loads in all)"
         if missing:
@@ -463,7 +464,7 @@ def _compare(history: History, load: _Record, common: list[str],
     message = (f"{comps} state {verb} after the {kind} of step {step} in generation {gen}{sizes} "
                f"on rank {rank}: {source} does not match what was loaded ({digests}); {hint}")
     mismatches.append({"message": message, "differ": differ, "step": step, "rank": rank,
-                       "gen": gen})
+                       "gen": gen, "own": set(differ) <= load.per_rank})
 
 
 def _hint(history: History, load: _Record, comp: str, src_gen: int | None, resharded: bool,

@@ -785,6 +785,25 @@ def test_state_equivalence_names_each_differing_components_own_save() -> None:
         v.message
 
 
+def test_state_equivalence_leads_with_the_rank_whose_own_state_differs() -> None:
+    """A migration's joiner (rank 1) swapped in a wrong shard: the whole-model digest (rank 0's)
+    and rank 1's own shard both differ, and the verdict names rank 1."""
+    b = Builder(steps=12)
+    b.gen(run=range(0, 6), cause="reshard", saves={4: {"model": "m4"}})
+    for r in (0, 1):
+        b.rank(0, r, "ckpt_save", step=4, digest={"shard": f"s{r}"}, per_rank=["shard"])
+    b.gen(resume=5, run=range(5, 12), load=(4, {"model": "XX"}))
+    for e in b.events:
+        if e.get("gen") == 1 and e["ev"] == "ckpt_load":
+            e.update(digest={**e["digest"], "shard": "bad" if e["rank"] == 1 else "s0"},
+                     per_rank=["shard"])
+    v = state_equivalence(b.history())
+    assert v.status == "fail" and v.rank == 1, v
+    assert v.message.startswith("shard state differs after the load of step 4 in generation 1 "
+                                "(world size 2 -> 2) on rank 1"), v.message
+    assert "(2 mismatching loads in all)" in v.message
+
+
 def test_state_equivalence_a_rank_killed_at_the_commit_point_is_unknown_not_never_saved() -> None:
     """HF Trainer, ``kill_during_save(rank=1, boundary="commit")``: rank 1 wrote its RNG file, then
     died before the callback recorded the whole save. Whether its file holds its state cannot be
