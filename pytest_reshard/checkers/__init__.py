@@ -37,6 +37,8 @@ The built-in checkers, in registration order (the verdict table's columns):
   the workload's own check or not, and no resume loads a corrupted save.
 - ``balance`` (a heterogeneous world, ``devices=``): no rank idles more than 10% of its steps
   waiting for a slower one.
+- ``downtime`` (a handover in the running processes: a live reshard, a migration): no step while
+  it is prepared longer than 2 median steps, and a swap of at most 10.
 """
 from __future__ import annotations
 
@@ -63,16 +65,18 @@ from pytest_reshard.checkers.crash_consistency import crash_consistency
 from pytest_reshard.checkers.one_step_checkpoint import one_step_checkpoint
 from pytest_reshard.checkers.silent_corruption import silent_corruption
 from pytest_reshard.checkers.balance import MAX_IDLE, balance
+from pytest_reshard.checkers.downtime import MAX_PAUSE_STEPS, MAX_STALL_STEPS, downtime
 
 __all__ = [
     # the checkers, as pure functions
     "no_rewind", "loss_continuity", "measure_spread", "exactly_once_samples", "state_equivalence",
     "liveness", "poisoned_commit", "sample_ledger", "has_roles", "throughput", "role_rate",
     "role_work", "RoleRate", "memory_headroom", "allocator_fragmentation", "crash_consistency",
-    "one_step_checkpoint", "silent_corruption", "balance",
+    "one_step_checkpoint", "silent_corruption", "balance", "downtime",
     # their constants
     "SPREAD_FACTOR", "ROUNDING_FLOOR", "PRE_UPDATE", "PIPELINE_ROLES", "MEMORY_MARGIN",
     "FRAGMENTATION_ALERT", "FRAGMENTATION_MIN_FREE", "MAX_IDLE",
+    "MAX_PAUSE_STEPS", "MAX_STALL_STEPS",
     # the registry
     "Checker", "CheckFn", "CheckContext", "CleanRuns", "ReferenceRuns", "RegistrationError",
     "RESERVED_ASSERTIONS", "register", "add", "unregister", "registered", "get", "by_assertion",
