@@ -261,7 +261,14 @@ class Supervisor:
             if outcome.next_world_size is not None and self._live.restarting():
                 # The surviving agents re-form the world: its size is theirs, not the fault's.
                 outcome.next_world_size = self._live.next_world_size()
-            if self._next is not None and not outcome.live:
+            if self._next is not None and not outcome.live and outcome.cause is Cause.COMPLETE:
+                # The old world ran its last step before it handed over (a migration still
+                # copying): the handover was never tested.
+                outcome.detail = (f"the run's last step ran before the handover answered after "
+                                  f"step {self._next[2]['after_step']} took place, so it was never "
+                                  "tested: give the run more steps or schedule the change earlier")
+                outcome.next_world_size = None
+            elif self._next is not None and not outcome.live:
                 outcome.detail += ("; during a live reshard, which is not retried: the run ends "
                                    "here")
                 outcome.next_world_size = None
@@ -351,7 +358,8 @@ class Supervisor:
         started = dict(gen=gen + 1, world_size=world, roles=new_roles, port=store.port,
                        launcher=self.scenario.launcher,
                        by="live reshard" if outcome.replaced is None else "migration",
-                       survivors=survivors, t=outcome.at + 1e-6 if outcome.at else None)
+                       survivors=survivors, after_step=step,
+                       t=outcome.at + 1e-6 if outcome.at else None)
         joiners = [spec for rank, spec in enumerate(self._specs(gen + 1, world, new_roles,
                                                                  store.port, True))
                    if rank >= len(survivors) or survivors[rank] is None]

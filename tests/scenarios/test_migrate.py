@@ -49,3 +49,13 @@ def test_a_migration_that_stalls_every_rank_fails_downtime(reshard_run):
     assert verdict.rank == 2 and verdict.step is not None and verdict.step > 3
     # The state still moved intact: only the pause is wrong.
     assert result.verdicts["state_equivalence"].status == "pass"
+
+
+@pytest.mark.nightly   # a usage error's message (10 s); the nightly workflow runs it
+@pytest.mark.reshard(steps=8)
+def test_a_run_too_short_for_its_migration_fails_saying_so(reshard_run):
+    result = reshard_run("lm", args=["--live"], faults=MOVE_RANK_2)
+    verdict = result.verdicts["liveness"]
+    assert verdict.status == "fail", verdict
+    assert "the run's last step ran before the handover answered after step 3 took place, so " \
+           "it was never tested: give the run more steps" in verdict.message, verdict.message
