@@ -7,6 +7,9 @@ import pytest
 
 from pytest_reshard import chaos
 from pytest_reshard.chaos.suites.dflash import SCENARIOS, THREE_ONE, TWO_TWO
+from pytest_reshard.fixtures.dflash import SHARES_NOTE
+
+from .test_devices import CGROUPS   # skips, with the reason, where cgroups cannot cap a rank
 
 pytestmark = pytest.mark.reshard(world_size=4, steps=12, timeout=120)
 
@@ -98,3 +101,39 @@ def test_a_hung_drafter_costs_nothing_the_survivor_holds(reshard_run):
         chaos.hang(rank=3, at_step=6, phase="backward", then_world_size=3)])
     result.assert_ok()
     assert result.history.generations[1].resume_step == 6  # the survivor's snapshot of step 5
+
+
+#: Targets on ranks 0 and 1, drafters on 2 (an H100) and 3 (an A100, 0.32 of an H100).
+MIXED_PIPELINE = {"roles": {"target": 2, "drafter": 2}, "devices": ["h100", "a100", "h100", "a100"],
+                  "throttle": "cgroup", "steps": 10,
+                  "faults": [chaos.kill(role="drafter", at_step=4)]}
+
+
+@CGROUPS
+def test_uneven_drafter_shares_in_proportion_to_speed_pass_every_data_checker(reshard_run):
+    """Each generation measures its drafters: the H100 takes about 3x the A100's samples; the
+    update is the batch's mean all the same, so the loss matches the clean even-share run."""
+    result = reshard_run("dflash", args=["--shares", "measured"], **MIXED_PIPELINE)
+    counts = {n.gen: n.fields["counts"] for n in result.history.notes(SHARES_NOTE)}
+    assert sorted(counts) == [0, 1] and all(c[0] > 2 * c[1] and sum(c) == 12
+                                            for c in counts.values()), counts
+    for occ in result.history.kept():   # every kept step used its generation's shares
+        sizes = {r: len(p) for r, p in result.history.samples(occ.gen, occ.step).items()
+                 if result.history.role(occ.gen, r) == "drafter"}
+        assert sorted(sizes.values(), reverse=True) == counts[occ.gen], (occ, sizes)
+    # balance judges ranks that share one collective; a pipeline's roles wait on each other
+    # by design, and it records no timings it could judge: unknown, never pass
+    others = {c: v for c, v in result.verdicts.items() if v.status != "pass"}
+    assert set(others) == {"balance"} and others["balance"].status == "unknown", \
+        {c: v.message for c, v in others.items()}
+
+
+@CGROUPS
+def test_unweighted_drafter_means_fail_loss_continuity(reshard_run):
+    result = reshard_run("dflash", args=["--shares", "measured", "--bug", "unweighted_drafters"],
+                         **MIXED_PIPELINE)
+    verdict = result.verdicts["loss_continuity"]
+    assert verdict.status == "fail", verdict
+    assert verdict.message.startswith("loss departs from the reference at step 0 (generation 0)"), \
+        verdict.message
+    assert result.verdicts["exactly_once_samples"].status == "pass"
