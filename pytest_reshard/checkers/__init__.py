@@ -38,7 +38,7 @@ The built-in checkers, in registration order (the verdict table's columns):
 - ``balance`` (a heterogeneous world, ``devices=``): no rank idles more than 10% of its steps
   waiting for a slower one.
 - ``downtime`` (a handover in the running processes: a live reshard, a migration): no step while
-  it is prepared longer than 2 median steps, and a swap of at most 10.
+  it is prepared longer than 2 median steps, and a swap of at most 10 (or 1 s).
 """
 from __future__ import annotations
 

@@ -86,6 +86,12 @@ def test_a_swap_that_takes_too_long_fails() -> None:
     assert (v.rank, v.step) == (1, 10)
 
 
+def test_a_swap_under_a_second_is_no_stall_however_short_the_steps() -> None:
+    v = downtime(migration(extra={11: 0.8}).history(), max_pause_steps=4)   # 9 steps, 0.9 s
+    assert v.status == "pass", v
+    assert "at most 4 (or 1 s) for the swap" in v.message, v.message
+
+
 def test_a_live_reshard_is_judged_on_its_swap_alone() -> None:
     v = downtime(migration(asked=10, moved=None, extra={11: 0.3}).history())
     assert v.status == "pass", v
