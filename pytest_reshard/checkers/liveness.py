@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_hint, _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import GUARD, NOT_INJECTED, PREEMPT_SIGNAL, Cause, Detected, FileOp
+from pytest_reshard.contract import GUARD, NOT_INJECTED, PREEMPT_SIGNAL, Cause, Detected, Ev, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -145,6 +145,10 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
     and a fast one fills its queue before a dead peer stalls the consumer (seen on a GPU)."""
     if history.member_events():
         return []
+    # generation -> the rank whose process a migration replaced in the next one
+    moved = {int(e["gen"]) - 1: e["survivors"].index(None)
+             for e in history.supervisor_events(Ev.GEN_START)
+             if e.get("by") == "migration" and None in (e.get("survivors") or [])}
     problems: list[dict[str, Any]] = []
     for g in history.generations:
         steps = sorted(history.ended(g))
@@ -167,12 +171,14 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
                     continue
                 others = ", ".join(str(x) for x in sorted(ranks - {r}))
                 last = f"up to step {base}" if together else "no step"
+                why = (f"its shard had moved to a new process (rank {r} of generation {g + 1}), "
+                       "and the old owner went on beside it" if moved.get(g) == r else
+                       "it trained on without its peers, past an error it swallowed (a failed "
+                       "or aborted collective)")
                 problems.append({
                     "message": f"rank {r} (role {role}) of generation {g} ended steps "
                                f"{_ranges(alone)} that rank{'s' if len(ranks) > 2 else ''} "
-                               f"{others} never ended (all of them ended {last}): it trained on "
-                               "without its peers, past an error it swallowed (a failed or "
-                               "aborted collective)",
+                               f"{others} never ended (all of them ended {last}): {why}",
                     "step": alone[0], "rank": r, "generation": g, "fault": None})
     return problems
 

@@ -63,3 +63,16 @@ def test_a_run_too_short_for_its_migration_fails_saying_so(reshard_run):
     assert verdict.status == "fail", verdict
     assert "the run's last step ran before the handover answered after step 3 took place, so " \
            "it was never tested: give the run more steps" in verdict.message, verdict.message
+
+
+def test_an_old_owner_that_goes_on_writing_after_the_swap_fails_liveness(reshard_run):
+    result = reshard_run("lm", args=["--live", "--bug", "owner_keeps_writing"], faults=MOVE_RANK_2)
+    verdict = result.verdicts["liveness"]
+    swapped = result.history.generations[1].resume_step - 1
+    assert verdict.status == "fail", verdict
+    assert verdict.message.startswith("rank 2 (role trainer) of generation 0 ended steps "), \
+        verdict.message
+    assert f"all of them ended up to step {swapped}): its shard had moved to a new process " \
+           "(rank 2 of generation 1), and the old owner went on beside it" in verdict.message
+    assert (verdict.rank, verdict.generation) == (2, 0) and verdict.step == swapped + 2
+    assert result.verdicts["state_equivalence"].status == "pass"   # the swap itself was right

@@ -1027,6 +1027,20 @@ def test_liveness_fails_a_rank_that_trained_on_without_its_peers() -> None:
     assert liveness(killed_run(resume=10).history()).status == "pass"   # one step past: a kill
 
 
+def test_liveness_names_an_old_owner_that_went_on_after_its_shard_moved() -> None:
+    """Rank 1's shard moved to a new process after step 4; its old process ended 6..7 anyway."""
+    b = Builder(steps=10)
+    b.gen(run=range(5), partial={5: [1], 6: [1], 7: [1]}, cause="reshard")
+    b.events[-1]["live"] = True
+    b.gen(resume=5, run=range(5, 10))
+    start = next(e for e in b.events if e["ev"] == "gen_start" and e["gen"] == 1)
+    start.update(by="migration", survivors=[0, None])
+    v = liveness(b.history())
+    assert v.status == "fail" and (v.rank, v.step, v.generation) == (1, 6, 0), v
+    assert v.message.endswith("its shard had moved to a new process (rank 1 of generation 1), "
+                              "and the old owner went on beside it"), v.message
+
+
 def test_liveness_lets_a_producer_run_ahead_through_its_queue() -> None:
     """A pipeline's producer shares no collective with its peers: with a queue of depth 2 it may
     end two steps the dead peer never ended; a third is past any queue, so it swallowed an error."""
