@@ -6,6 +6,12 @@ in proportion to each rank's speed, every rank computes about as long as the slo
 waits; an uneven split (even shares on mixed devices, a share computed from an old device map)
 shows as one rank idling a large part of every step. A rank without timings could be the idle
 one, so a generation is judged only when every rank timed every step judged.
+
+In a world of several roles (a pipeline's targets and drafters) each role is judged on its own,
+from ``compute_s`` alone: its ranks share the role's collectives, and each also waits on the
+other role (a drafter for hidden states), which says nothing of its own role's shares. A rank
+then idles, each step, from the end of its computing to the end of the slowest peer's. A role
+none of whose ranks recorded ``compute_s`` is left out, and the verdict says so.
 """
 from __future__ import annotations
 
@@ -56,45 +62,41 @@ def balance(history: History, *, max_idle: float = MAX_IDLE) -> Verdict:
         row.compute += float(e.get("compute_s") or 0.0)
         row.wait += float(e.get("wait_s") or 0.0)
         row.samples += len(e.get("samples") or ())
-    judged, untimed, skipped = [], [], []
+    judged: list[str] = []
+    untimed: list[tuple[int, str]] = []
+    skipped: list[int] = []
+    left_out: list[str] = []   # roles of a pipeline that recorded no compute_s at all
     for gen, d in sorted(devices.items()):
-        ranks = range(len(d.classes))
+        everyone = range(len(d.classes))
         begun = history.begun(gen)
         judge = [s for s in sorted(begun) if s > min(begun)
-                 and set(ranks) <= history.ended_by(gen, s)] if begun else []
+                 and set(everyone) <= history.ended_by(gen, s)] if begun else []
         if not judge:
             skipped.append(gen)
             continue
-        lacking = {r: n for r in ranks if (n := sum(
-            steps.get((gen, s, r), _Step()).keys != TIMINGS for s in judge))}
-        if lacking:
-            untimed.append((gen, f"generation {gen}: " + ", ".join(
-                f"rank {r} ({d.classes[r]}) recorded no compute_s= and wait_s= in {n}"
-                for r, n in lacking.items()) + f" of the {len(judge)} steps judged (steps "
-                f"{judge[0]}-{judge[-1]}: those after the generation's first that every rank "
-                "ended)"))
-            continue
-        per = {r: [steps[(gen, s, r)] for s in judge] for r in ranks}
-        compute = {r: sum(x.compute for x in per[r]) for r in ranks}
-        wait = {r: sum(x.wait for x in per[r]) for r in ranks}
-        samples = {r: sum(x.samples for x in per[r]) for r in ranks}
-        total = sum(samples.values()) or 1
-
-        def who(rank: int, d: Devices = d, samples: dict[int, int] = samples,
-                total: int = total) -> str:
-            return f"rank {rank} ({d.classes[rank]}, {samples[rank] / total:.0%} of the samples)"
-        idle = {r: wait[r] / (compute[r] + wait[r]) if compute[r] + wait[r] > 0 else 0.0
-                for r in ranks}
-        worst, slowest = max(idle, key=lambda r: idle[r]), min(idle, key=lambda r: idle[r])
-        if idle[worst] > max_idle:
-            return Verdict.failed(
-                CHECK, f"generation {gen}: {who(worst)} idled {idle[worst]:.0%} of its steps "
-                f"waiting at the collectives for {who(slowest)}, above the {max_idle:.0%} a "
-                f"balanced world allows: the shares are not in proportion to the ranks' speeds "
-                f"({', '.join(f'{c} {s:g}' for c, s in dict(zip(d.classes, d.speeds)).items())})",
-                rank=worst, generation=gen)
-        judged.append(f"generation {gen}: at most {idle[worst]:.0%} idle ("
-                      + ", ".join(who(r) for r in ranks) + ")")
+        roles: dict[str, list[int]] = {}
+        for r in everyone:
+            roles.setdefault(history.role(gen, r), []).append(r)
+        needed = TIMINGS if len(roles) == 1 else {"compute_s"}
+        for role, ranks in roles.items():
+            lacking = {r: n for r in ranks if (n := sum(
+                not needed <= steps.get((gen, s, r), _Step()).keys for s in judge))}
+            if len(roles) > 1 and all(n == len(judge) for n in lacking.values()) and \
+                    len(lacking) == len(ranks):
+                left_out.append(f"generation {gen}'s {role} ranks recorded no compute_s, not "
+                                "judged")
+                continue
+            if lacking:
+                untimed.append((gen, f"generation {gen}: " + ", ".join(
+                    f"rank {r} ({d.classes[r]}) recorded no {'= and '.join(sorted(needed))}= in {n}"
+                    for r, n in lacking.items()) + f" of the {len(judge)} steps judged (steps "
+                    f"{judge[0]}-{judge[-1]}: those after the generation's first that every rank "
+                    "ended)"))
+                continue
+            failed = _judge(gen, d, ranks, judge, steps, max_idle,
+                            f" ({role})" if len(roles) > 1 else "", judged)
+            if failed is not None:
+                return failed
     if untimed:
         return Verdict.unknown(
             CHECK, "; ".join(why for _, why in untimed) + ": a rank without timings may be "
@@ -102,12 +104,45 @@ def balance(history: History, *, max_idle: float = MAX_IDLE) -> Verdict:
             "computing, wait_s=seconds waiting at the collectives)",
             generation=untimed[0][0])
     if not judged:
-        return Verdict.unknown(CHECK, f"no generation of the device mix (generations "
-                               f"{', '.join(map(str, skipped))}) had a step after its first that "
-                               "every rank ended: nothing to judge balance on")
-    return Verdict.passed(CHECK, "; ".join(judged) + "".join(
+        why = "; ".join(left_out) if left_out else (
+            f"no generation of the device mix (generations {', '.join(map(str, skipped))}) had "
+            "a step after its first that every rank ended")
+        return Verdict.unknown(CHECK, f"{why}: nothing to judge balance on")
+    return Verdict.passed(CHECK, "; ".join(judged + left_out) + "".join(
         f"; generation {g}: no step after its first that every rank ended, not judged"
         for g in skipped))
+
+
+def _judge(gen: int, d: Devices, ranks: list[int], judge: list[int],
+           steps: dict[tuple[int, int, int], _Step], max_idle: float, role: str,
+           judged: list[str]) -> Verdict | None:
+    """One group of ranks that share their collectives: the failure, or None (and the group's
+    line added to ``judged``)."""
+    per = {r: [steps[(gen, s, r)] for s in judge] for r in ranks}
+    compute = {r: sum(x.compute for x in per[r]) for r in ranks}
+    if role:   # a pipeline's role: each step, waiting for the slowest peer's computing
+        wait = {r: sum(max(per[q][i].compute for q in ranks) - per[r][i].compute
+                       for i in range(len(judge))) for r in ranks}
+    else:
+        wait = {r: sum(x.wait for x in per[r]) for r in ranks}
+    samples = {r: sum(x.samples for x in per[r]) for r in ranks}
+    total = sum(samples.values()) or 1
+
+    def who(rank: int) -> str:
+        return f"rank {rank} ({d.classes[rank]}, {samples[rank] / total:.0%} of the samples)"
+    idle = {r: wait[r] / (compute[r] + wait[r]) if compute[r] + wait[r] > 0 else 0.0
+            for r in ranks}
+    worst, slowest = max(idle, key=lambda r: idle[r]), min(idle, key=lambda r: idle[r])
+    if idle[worst] > max_idle:
+        return Verdict.failed(
+            CHECK, f"generation {gen}{role}: {who(worst)} idled {idle[worst]:.0%} of its steps "
+            f"waiting at the collectives for {who(slowest)}, above the {max_idle:.0%} a "
+            f"balanced world allows: the shares are not in proportion to the ranks' speeds "
+            f"({', '.join(f'{c} {s:g}' for c, s in dict(zip(d.classes, d.speeds)).items())})",
+            rank=worst, generation=gen)
+    judged.append(f"generation {gen}{role}: at most {idle[worst]:.0%} idle ("
+                  + ", ".join(who(r) for r in ranks) + ")")
+    return None
 
 
 @register(CHECK, column="bal", assertion="assert_balanced",

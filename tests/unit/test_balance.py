@@ -100,3 +100,29 @@ def test_a_rank_that_could_not_join_its_cgroup_makes_the_verdict_unknown():
     b.rank(0, 1, Ev.NOTE, what=STRETCHED, why="joining /sys/fs/cgroup/cpu/x failed")
     v = balance(b.history())
     assert v.status == UNKNOWN and "could not join its cgroup" in v.message, v.message
+
+
+def test_a_pipeline_is_judged_role_by_role_and_an_untimed_role_is_left_out_by_name():
+    """Targets (ranks 0, 1) record no timings: they share no collective. The drafters (2, 3)
+    are judged on their own: balanced passes, a drafter idling 40% fails naming its role."""
+    def pipeline(idle: float) -> Builder:
+        b = Builder(steps=4)
+        classes = ["h100", "h100", "h100", "a100"]
+        _gen(b, range(4), {0: 0, 1: 0, 2: idle, 3: 0.0}, classes=classes,
+             untimed={0: range(4), 1: range(4)})
+        start = next(e for e in b.events if e["ev"] == "gen_start")
+        start["roles"] = ["target", "target", "drafter", "drafter"]
+        for e in b.events:
+            if e["ev"] == "start":
+                e["role"] = start["roles"][e["rank"]]
+        return b
+
+    v = balance(pipeline(0.05).history())
+    assert v.status == PASS, v
+    assert v.message.startswith("generation 0 (drafter): at most 5% idle (rank 2 (h100, 50% of "
+                                "the samples)"), v.message
+    assert "generation 0's target ranks recorded no compute_s, not judged" in v.message
+    v = balance(pipeline(0.4).history())
+    assert v.status == FAIL and v.rank == 2, v
+    assert v.message.startswith("generation 0 (drafter): rank 2 (h100, 50% of the samples) idled "
+                                "40% of its steps"), v.message
