@@ -90,15 +90,6 @@ def _save_seconds(history: History, gen: int) -> dict[int, float]:
     return out
 
 
-def _moved(history: History, gen: int) -> int | None:
-    """The rank of ``gen`` a new process took over in place (an empty survivor slot)."""
-    for e in history.supervisor_events(Ev.GEN_START, gen=gen):
-        survivors = e.get("survivors") or []
-        if e.get("by") == "migration" and None in survivors:
-            return survivors.index(None)
-    return None
-
-
 def measure(history: History, gen: int) -> Handover | str:
     """``gen``'s handover, or why it cannot be measured."""
     asked = sorted({e["step"] for e in history.rank_events(Ev.LIVE, gen=gen)})
@@ -119,7 +110,7 @@ def measure(history: History, gen: int) -> Handover | str:
     swapped, first = max(before), min(after)
     stall, stall_step = max(_gaps(before, saves[0], [s for s in before if s >= asked[0]]),
                             default=(0.0, None))
-    return Handover(gen, asked[0], swapped, _moved(history, gen + 1), statistics.median(steady),
+    return Handover(gen, asked[0], swapped, history.replaced(gen), statistics.median(steady),
                     after[first] - before[swapped], stall, stall_step)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_reshard.checkers._text import _log_hint, _log_tail, _ranges, _stack, _summarise
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import GUARD, NOT_INJECTED, PREEMPT_SIGNAL, Cause, Detected, Ev, FileOp
+from pytest_reshard.contract import GUARD, NOT_INJECTED, PREEMPT_SIGNAL, Cause, Detected, FileOp
 from pytest_reshard.history import Begun, Detection, Ended, FaultFired, History, Signal, Started
 from pytest_reshard.verdict import FAIL, PASS, Verdict
 
@@ -145,10 +145,6 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
     and a fast one fills its queue before a dead peer stalls the consumer (seen on a GPU)."""
     if history.member_events():
         return []
-    # generation -> the rank whose process a migration replaced in the next one
-    moved = {int(e["gen"]) - 1: e["survivors"].index(None)
-             for e in history.supervisor_events(Ev.GEN_START)
-             if e.get("by") == "migration" and None in (e.get("survivors") or [])}
     problems: list[dict[str, Any]] = []
     for g in history.generations:
         steps = sorted(history.ended(g))
@@ -159,20 +155,22 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
         roles: dict[str, set[int]] = {}
         for r in history.starts(g):
             roles.setdefault(history.role(g, r), set()).add(r)
+        depths = _queue_depths(history, g, steps)
+        moved = history.replaced(g)
         for role, ranks in roles.items():
             if len(ranks) < 2:
                 continue
             together = [s for s in steps if ranks <= history.ended_by(g, s)]
             base = together[-1] if together else min(steps, default=0) - 1
             for r in sorted(ranks):
-                ahead = max(1, _queue_depth(history, g, r, steps))
+                ahead = max(1, depths.get(r, 0))
                 alone = sorted(s for s in ended.get(r, ()) if s > base + ahead)
                 if not alone:
                     continue
                 others = ", ".join(str(x) for x in sorted(ranks - {r}))
                 last = f"up to step {base}" if together else "no step"
                 why = (f"its shard had moved to a new process (rank {r} of generation {g + 1}), "
-                       "and the old owner went on beside it" if moved.get(g) == r else
+                       "and the old owner went on beside it" if moved == r else
                        "it trained on without its peers, past an error it swallowed (a failed "
                        "or aborted collective)")
                 problems.append({
@@ -183,9 +181,13 @@ def _trained_alone(history: History) -> list[dict[str, Any]]:
     return problems
 
 
-def _queue_depth(history: History, gen: int, rank: int, steps: list[int]) -> int:
-    """The deepest queue ``rank`` recorded in ``gen`` (0 for a rank that records none)."""
-    return int(max((history.metric(gen, s, "queue").get(rank, 0.0) for s in steps), default=0.0))
+def _queue_depths(history: History, gen: int, steps: list[int]) -> dict[int, int]:
+    """rank -> the deepest queue it recorded in ``gen`` (ranks that record none are absent)."""
+    out: dict[int, int] = {}
+    for s in steps:
+        for rank, depth in history.metric(gen, s, "queue").items():
+            out[rank] = max(out.get(rank, 0), int(depth))
+    return out
 
 
 def _trained_after_sigterm(history: History) -> list[dict[str, Any]]:

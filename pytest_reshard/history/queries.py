@@ -225,6 +225,15 @@ class History(MembershipQueries):
         return [e for e in self._supervisor if (ev is None or e["ev"] == ev)
                 and (gen is None or e.get("gen") == gen)]
 
+    def replaced(self, gen: int) -> int | None:
+        """The rank of generation ``gen`` whose process a migration replaced in the next one
+        (the empty slot of its survivors), or None."""
+        for e in self.supervisor_events(Ev.GEN_START, gen=gen + 1):
+            survivors = e.get("survivors") or []
+            if e.get("by") == "migration" and None in survivors:
+                return survivors.index(None)
+        return None
+
     def detections(self) -> list[Detection]:
         return [Detection(gen=int(e["gen"]), kind=as_enum(Detected, str(e.get("kind", ""))),
                           rank=_opt_int(e.get("rank")),
