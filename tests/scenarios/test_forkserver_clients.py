@@ -19,7 +19,9 @@ from pytest_reshard.supervisor.launch.forkserver import server_environment
 
 RANK = """
 import os, sys, time
-print("rank", os.environ["RANK"], "of client", os.environ["CLIENT"], flush=True)
+# one write per line: unbuffered, print() writes each word apart and two ranks' words interleave
+sys.stdout.write(f"rank {os.environ['RANK']} of client {os.environ['CLIENT']}\\n")
+sys.stdout.flush()
 if os.environ.get("LINGER"):
     time.sleep(600)
 sys.exit(int(os.environ["RANK"]))
