@@ -9,9 +9,11 @@ supervisor's events, each event with its position in history order (by time, sta
 """
 from __future__ import annotations
 
+import operator
+import sys
 import threading
 from array import array
-from itertools import compress
+from itertools import compress, repeat
 from typing import Any, Callable, Iterator, Sequence
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
@@ -32,6 +34,9 @@ _SHAPES: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 _SHAPE_IDS: dict[tuple[str, ...], int] = {}
 #: Each field order's fields beyond the usual ones -> where in ``extra`` (-1: the one value).
 _FIELD_AT: list[dict[str, int]] = []
+#: Each field order's ``extra`` of an event: an ``itemgetter`` of its fields beyond the usual ones
+#: (one field: its value; several: their tuple), so a whole file's are read in C.
+_EXTRA_OF: list[Callable[[Event], Any]] = []
 #: Held to add a field order: histories load on several threads at once (the session's
 #: reference runs on a background one), and two new orders must not get the same id.
 _SHAPES_LOCK = threading.Lock()
@@ -46,8 +51,16 @@ def _shape(keys: tuple[str, ...]) -> int:
                 more = tuple(k for k in keys if k not in _USUAL)
                 _SHAPES.append((keys, more))
                 _FIELD_AT.append({more[0]: -1} if len(more) == 1 else {k: i for i, k in enumerate(more)})
+                _EXTRA_OF.append(operator.itemgetter(*more) if more else _no_extra)
                 sid = _SHAPE_IDS[keys] = len(_SHAPES) - 1
     return sid
+
+
+def _no_extra(e: Event) -> None:
+    return None
+
+
+_call = getattr(operator, "call", None) or (lambda f, x: f(x))   # Python 3.10 has no call
 
 
 def shape_table() -> list[tuple[str, ...]]:
@@ -101,10 +114,80 @@ class RankStream:
         A well-formed per-step event of this rank goes straight into the columns; any other is
         appended only if ``check`` (which raises ``ValueError`` saying why) accepts it. Returns
         the ``(line number, why)`` of those it refused."""
+        events = list(map(operator.itemgetter(1), lines))
+        try:
+            columns = self._columns(events)
+        except (TypeError, KeyError):   # a kind or a field that is no JSON value of the contract
+            columns = None
+        if columns is None:   # a per-step event the columns cannot hold: one by one
+            return self._take_each(lines, check)
+        codes, sids, steps, times, extra = columns
+        refused: list[tuple[int, str]] = []
+        dropped: set[int] = set()
+        others = list(compress(range(len(codes)), map(operator.not_, codes)))
+        for i in others:
+            try:
+                check(events[i])
+            except ValueError as err:
+                refused.append((lines[i][0], str(err)))
+                dropped.add(i)
+        if dropped:
+            keep = [i for i in range(len(events)) if i not in dropped]
+            events, steps, times, extra = ([c[i] for i in keep] for c in (events, steps, times, extra))
+            codes, sids = bytearray(codes[i] for i in keep), [sids[i] for i in keep]
+            others = list(compress(range(len(codes)), map(operator.not_, codes)))
+        base = len(self.kind)
+        self.kind += codes
+        self.shape.extend(array("I", sids))
+        self.step.extend(array("q", steps))
+        self.t.extend(array("d", times))
+        self.extra += extra
+        self.other.update((base + i, events[i]) for i in others)
+        return refused
+
+    def _columns(self, events: list[Event]) -> tuple[bytearray, list[Any], list[Any],
+                                                       list[Any], list[Any]] | None:
+        """The columns of a file's events (kind, shape id, step, time, extra; an event kept as
+        recorded has ``OTHER``, 0, 0, 0.0, None), each built by one loop in C over the whole
+        file (a rank of a long run records hundreds of thousands); None when a per-step event
+        is not well formed or not of this rank and generation."""
+        get: Callable[..., Any] = dict.get
+        n = len(events)
+        codes = bytearray(map(_CODES.get, map(get, events, repeat("ev")), repeat(OTHER)))
+        steps: list[Any] = list(map(get, events, repeat("step"), repeat(0)))
+        times: list[Any] = list(map(get, events, repeat("t"), repeat(0.0)))
+        step_of = list(compress(steps, codes))
+        for column, want in ((times, {float}), (step_of, {int})):
+            if {*map(type, compress(column, codes))} - want:
+                return None
+        if step_of and (min(step_of) < -_INT64 or max(step_of) >= _INT64):
+            return None
+        for key, value in (("gen", self.gen), ("rank", self.rank)):
+            mine = list(compress(map(get, events, repeat(key)), codes))
+            if {*map(type, mine)} - {int} or {*mine} - {value}:
+                return None
+        sids: list[Any] = list(map(_SHAPE_IDS.get, map(tuple, events)))
+        others = list(compress(range(n), map(operator.not_, codes)))
+        for i in others:
+            sids[i] = steps[i] = 0
+            times[i] = 0.0
+        for i in compress(range(n), map(operator.is_, sids, repeat(None))):
+            sids[i] = _shape(tuple(events[i]))   # a field order not seen before
+        extract = list(map(_EXTRA_OF.__getitem__, sids))
+        for i in others:
+            extract[i] = _no_extra
+        # One object per distinct string (a phase, a role): millions of equal ones otherwise.
+        intern = sys.intern
+        extra = [intern(x) if type(x) is str else x for x in map(_call, extract, events)]
+        return codes, sids, steps, times, extra
+
+    def _take_each(self, lines: Sequence[tuple[int, Event]],
+                   check: Callable[[Event], None]) -> list[tuple[int, str]]:
+        """``take`` an event at a time: a file with a per-step event the columns cannot hold."""
         refused: list[tuple[int, str]] = []
         gen, rank, codes, shapes, ids = self.gen, self.rank, _CODES, _SHAPES, _SHAPE_IDS
         kind, shape, steps, times, extra = self.kind, self.shape, self.step, self.t, self.extra
-        for lineno, e in lines:   # the loop of a million events: add()'s checks, inlined
+        for lineno, e in lines:   # add()'s checks, inlined
             ev, t, step = e.get("ev"), e.get("t", 0.0), e.get("step")
             code = codes.get(ev, OTHER) if type(ev) is str else OTHER
             g, r = e.get("gen"), e.get("rank")
@@ -186,7 +269,10 @@ class RankStream:
 
     def put_in_order(self) -> None:
         """Reorder it by ``index`` (its lines were not in time order)."""
-        if self.index == array("q", sorted(self.index)):   # the usual case: a file in time order
+        import numpy as np
+
+        at = np.frombuffer(self.index, dtype=np.int64) if self.index else None
+        if at is None or bool((at[1:] > at[:-1]).all()):   # the usual case: a file in time order
             return
         order = sorted(range(len(self.kind)), key=self.index.__getitem__)
         for name in ("index", "shape", "step", "t"):
@@ -267,21 +353,21 @@ class Recorded:
     def order(self, *, by_key: bool) -> None:
         """Give every event its position in history order: sorted by key (stable), or
         ``by_key=False`` as added."""
+        import numpy as np   # a sort of millions of keys: tens of seconds in Python
+
         n = self.count = len(self._keys)
+        position = np.arange(n, dtype=np.int64)
         if by_key:
-            position = array("q", bytes(8 * n))
-            for i, j in enumerate(sorted(range(n), key=self._keys.__getitem__)):
-                position[j] = i
-        else:
-            position = array("q", range(n))
+            position[np.argsort(np.frombuffer(self._keys, dtype=np.float64), kind="stable")] = \
+                position.copy()
         sup = (e for _, e in self.supervisor)
         self.supervisor = []
         j = 0
         for s, count in self._runs:
             if s is None:
-                self.supervisor += [(position[j + k], next(sup)) for k in range(count)]
+                self.supervisor += [(i, next(sup)) for i in position[j:j + count].tolist()]
             else:
-                s.index.extend(position[j:j + count])
+                s.index.frombytes(position[j:j + count].tobytes())
             j += count
         self.supervisor.sort(key=lambda ie: ie[0])
         for s in self.streams.values():

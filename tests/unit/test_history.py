@@ -384,3 +384,27 @@ def test_one_line_encoder_and_the_run_folders_names(tmp_path: Path) -> None:
     assert run.step_log(2) == tmp_path / "logs" / "g2-slurm.log"
     assert run.telemetry_counts(1, 3) == tmp_path / "telemetry" / "g1-r3.json"
     assert run.plot("loss") == tmp_path / "loss.png"
+
+
+def test_a_sealed_file_reads_as_json_reads_it_whatever_its_parser(tmp_path: Path) -> None:
+    # A whole file is parsed at once (by orjson where installed, which refuses NaN and integers
+    # past 64 bits that json takes); each of its lines must read as json reads that line.
+    import math
+
+    from pytest_reshard.contract import decode_event, encode_event, read_jsonl
+
+    events = [{"ev": "record", "step": 1, "loss": float("nan"), "t": 1.0, "gen": 0, "rank": 0},
+              {"ev": "record", "step": 1, "big": 1 << 70, "t": 1.5, "gen": 0, "rank": 0},
+              {"ev": "note", "what": "caf\u00e9 \U0001f600", "t": 2.0, "gen": 0, "rank": 0},
+              {"ev": "end", "step": 1, "t": 0.1 + 0.2, "gen": 0, "rank": 0}]
+    lines = [encode_event(e) for e in events]
+    path = tmp_path / "g0-r0.jsonl"
+    for k in range(len(lines)):   # each alone, then all of them
+        path.write_bytes(lines[k])
+        assert read_jsonl(path) == ([(1, decode_event(lines[k]))], [], [])
+    path.write_bytes(b"".join(lines))
+    got, torn, damaged = read_jsonl(path)
+    assert (torn, damaged) == ([], [])
+    assert [n for n, _ in got] == [1, 2, 3, 4]
+    assert math.isnan(got[0][1].pop("loss")) and got[1][1]["big"] == 1 << 70
+    assert [e for _, e in got][1:] == events[1:]
