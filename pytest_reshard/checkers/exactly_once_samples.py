@@ -44,20 +44,19 @@ class _Uses:
         self.total = 0                           # uses in all
         roles: dict[tuple[int, int], str] = {}
         drawn_by: dict[tuple[str, int], tuple[list[int], list[int]]] = {}   # -> (ids, their sites)
-        for i, occ in enumerate(kept):
-            for rank, drawn in sorted(history.drawn(occ.gen, occ.step).items()):
-                role = roles.get((occ.gen, rank))
-                if role is None:
-                    role = roles[(occ.gen, rank)] = history.role(occ.gen, rank)
-                site = len(self._site_occ)
-                self._site_occ.append(i)
-                self._site_rank.append(rank)
-                for epoch, ids in drawn:
-                    group = drawn_by.get((role, epoch))
-                    if group is None:
-                        group = drawn_by[(role, epoch)] = ([], [])
-                    group[0].extend(ids)
-                    group[1].extend([site] * len(ids))
+        for site, (i, rank, drawn) in enumerate(history.drawn_in(kept)):
+            gen = kept[i].gen
+            role = roles.get((gen, rank))
+            if role is None:
+                role = roles[(gen, rank)] = history.role(gen, rank)
+            self._site_occ.append(i)
+            self._site_rank.append(rank)
+            for epoch, ids in drawn:
+                group = drawn_by.get((role, epoch))
+                if group is None:
+                    group = drawn_by[(role, epoch)] = ([], [])
+                group[0].extend(ids)
+                group[1].extend([site] * len(ids))
         again: list[tuple[_Key, list[int]]] = []
         for (role, epoch), (ids, sites) in drawn_by.items():
             self.total += len(ids)

@@ -12,7 +12,7 @@ from itertools import compress
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from pytest_reshard.contract import Cause, Damaged, Detected, Ev, MemberAction, RunDir, Torn
 from pytest_reshard.history.loading import HistoryError, load_events, validate
@@ -75,8 +75,8 @@ class History(MembershipQueries):
         self._streams = recorded.streams
         self._ranked_cache: list[tuple[int, Event]] | None = None
         self._ix = _Index()
-        for stream in self._streams.values():
-            self._index_stream(stream)
+        for key in sorted(self._streams):   # each step's records by rank (``drawn_in``)
+            self._index_stream(self._streams[key])
         for kind in self._ix.kept.values():
             kind.sort(key=lambda ie: ie[0])
         self.scenario = self._scenario()
@@ -623,6 +623,33 @@ class History(MembershipQueries):
         if len(out) > 1 and list(first.values()) != sorted(first.values()):
             out = {r: out[r] for r in sorted(out, key=first.__getitem__)}
         return out
+
+    def drawn_in(self, occurrences: Sequence[Occurrence]) -> Iterator[
+            tuple[int, int, list[tuple[int, list[int]]]]]:
+        """``(i, rank, drawn)`` of each rank that drew samples in ``occurrences[i]``, ``drawn``
+        as ``drawn`` gives it, occurrences in the order given, ranks in order: many
+        occurrences' at once, without a dictionary each (a thousand ranks' run has millions
+        of rank-steps)."""
+        if self.replica_groups is not None:
+            for i, occ in enumerate(occurrences):
+                for rank, drawn in sorted(self.drawn(occ.gen, occ.step).items()):
+                    yield i, rank, drawn
+            return
+        records = self._ix.records
+        for i, occ in enumerate(occurrences):
+            groups: list[tuple[int, list[int]]] = []
+            rank = -1
+            for s, p in records.get((occ.gen, occ.step), ()):   # by rank (the index's order)
+                got = s.drawn(p)
+                if got is None:
+                    continue
+                if s.rank != rank:
+                    if groups:
+                        yield i, rank, groups
+                    groups, rank = [], s.rank
+                groups.append((int(got[1] or 0), list(map(int, got[0]))))
+            if groups:
+                yield i, rank, groups
 
     def kept_samples(self) -> dict[Occurrence, frozenset[tuple[int, int]]]:
         """occurrence -> the union over ranks of its (epoch, sample id) pairs."""
