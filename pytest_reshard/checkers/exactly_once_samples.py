@@ -16,6 +16,8 @@ from collections import Counter
 from array import array
 from typing import Any, Iterator
 
+import numpy as np
+
 from pytest_reshard.checkers._text import _advice, _fault_before, _ranges
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
@@ -30,6 +32,41 @@ def _at(occ: Occurrence, rank: int) -> str:
     return f"step {occ.step} (generation {occ.gen}, rank {rank})"
 
 
+class _Seen:
+    """One (role, epoch)'s distinct samples, sorted, each with the site of its first use: two
+    arrays, not a dictionary (a thousand ranks' run consumes millions of samples)."""
+
+    __slots__ = ("ids", "sites")
+
+    def __init__(self, ids: Any, sites: Any) -> None:
+        self.ids, self.sites = ids, sites
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def site(self, x: int) -> int | None:
+        """The site of ``x``'s first use; None where it was never used."""
+        try:
+            i = int(np.searchsorted(self.ids, x))
+        except OverflowError:   # past int64: not among int64 ids
+            return None
+        return int(self.sites[i]) if i < len(self.ids) and self.ids[i] == x else None
+
+    def missing_from(self, other: "_Seen | None") -> list[int]:
+        """Its samples that ``other`` has not, in order."""
+        if other is None:
+            return [int(x) for x in self.ids]
+        return [int(x) for x in np.setdiff1d(self.ids, other.ids, assume_unique=True)]
+
+
+def _ids_array(ids: list[int]) -> Any:
+    """Sample ids as int64, or as Python ints where one does not fit (sorted the same)."""
+    try:
+        return np.array(ids, dtype=np.int64)
+    except OverflowError:
+        return np.array(ids, dtype=object)
+
+
 class _Uses:
     """Where the kept steps consumed each (role, epoch, sample). A run of a thousand ranks
     consumes millions of samples, nearly all once: a sample's first use is held as the index of
@@ -39,11 +76,12 @@ class _Uses:
         self._occ = kept
         self._site_occ = array("I")    # a site (rank-step): its occurrence's index in kept
         self._site_rank = array("I")
-        self.first: dict[tuple[str, int], dict[int, int]] = {}   # (role, epoch) -> sample -> site
+        self.first: dict[tuple[str, int], _Seen] = {}   # (role, epoch) -> its samples' first uses
         self.again: dict[_Key, list[int]] = {}   # a key used more than once -> every use's site
         self.total = 0                           # uses in all
         roles: dict[tuple[int, int], str] = {}
-        drawn_by: dict[tuple[str, int], tuple[list[int], list[int]]] = {}   # -> (ids, their sites)
+        # (role, epoch) -> (ids, the site of each record's, how many ids each record drew)
+        drawn_by: dict[tuple[str, int], tuple[list[int], list[int], list[int]]] = {}
         for site, (i, rank, drawn) in enumerate(history.drawn_in(kept)):
             gen = kept[i].gen
             role = roles.get((gen, rank))
@@ -54,21 +92,26 @@ class _Uses:
             for epoch, ids in drawn:
                 group = drawn_by.get((role, epoch))
                 if group is None:
-                    group = drawn_by[(role, epoch)] = ([], [])
+                    group = drawn_by[(role, epoch)] = ([], [], [])
                 group[0].extend(ids)
-                group[1].extend([site] * len(ids))
-        again: list[tuple[_Key, list[int]]] = []
-        for (role, epoch), (ids, sites) in drawn_by.items():
+                group[1].append(site)
+                group[2].append(len(ids))
+        again: list[tuple[tuple[int, int], _Key, list[int]]] = []   # (first site, order, ...)
+        for (role, epoch), (ids, record_sites, counts) in drawn_by.items():
             self.total += len(ids)
-            # built in C, the last of equal keys kept: reversed, each sample keeps its first use
-            seen = self.first[(role, epoch)] = dict(zip(reversed(ids), reversed(sites)))
-            if len(seen) < len(ids):   # some sample used again: every use of those, in order
-                used: dict[int, list[int]] = {}
-                for x, site in zip(ids, sites):
-                    used.setdefault(x, []).append(site)
-                again += [((role, epoch, x), where) for x, where in used.items() if len(where) > 1]
+            uses, sites = _ids_array(ids), np.repeat(np.array(record_sites, dtype=np.int64), counts)
+            order = np.argsort(uses, kind="stable")   # equal ids in the order they were used
+            ordered = uses[order]
+            runs = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if len(ordered) \
+                else np.zeros(0, dtype=np.int64)
+            self.first[(role, epoch)] = _Seen(ordered[runs], sites[order[runs]])
+            sizes = np.diff(np.r_[runs, len(ordered)])
+            for j in np.flatnonzero(sizes > 1).tolist():   # used again: every use, in order
+                at = order[runs[j]:runs[j] + sizes[j]]
+                where = sites[at].tolist()
+                again.append(((where[0], int(at[0])), (role, epoch, int(ordered[runs[j]])), where))
         # in the order of each key's first use
-        self.again = dict(sorted(again, key=lambda kv: kv[1][0]))
+        self.again = {key: where for _, key, where in sorted(again, key=lambda a: a[0])}
 
     def __len__(self) -> int:
         return sum(map(len, self.first.values()))
@@ -77,23 +120,28 @@ class _Uses:
         """Its uses in order, a new tuple each (``_duplicates`` tells uses apart by identity)."""
         sites = self.again.get(key)
         if sites is None:
-            site = self.first.get(key[:2], {}).get(key[2])
+            seen = self.first.get(key[:2])
+            site = None if seen is None else seen.site(key[2])
             sites = [] if site is None else [site]
         return [(self._occ[self._site_occ[i]], self._site_rank[i]) for i in sites]
 
     def count(self, key: _Key) -> int:
         sites = self.again.get(key)
-        return len(sites) if sites is not None else int(key[2] in self.first.get(key[:2], {}))
+        if sites is not None:
+            return len(sites)
+        seen = self.first.get(key[:2])
+        return int(seen is not None and seen.site(key[2]) is not None)
 
     def repeated(self) -> Iterator[tuple[_Key, list[_Use]]]:
         return ((key, self.get(key)) for key in self.again)
 
     def consumed(self) -> int:
         """Distinct (epoch, sample) pairs, whichever role consumed them."""
-        by_epoch: dict[int, list[dict[int, int]]] = {}
+        by_epoch: dict[int, list[_Seen]] = {}
         for (_, epoch), seen in self.first.items():
             by_epoch.setdefault(epoch, []).append(seen)
-        return sum(len(ds[0]) if len(ds) == 1 else len(set().union(*ds)) for ds in by_epoch.values())
+        return sum(len(ds[0]) if len(ds) == 1 else len(np.unique(np.concatenate([d.ids for d in ds])))
+                   for ds in by_epoch.values())
 
     def roles(self) -> set[str]:
         return {role for role, _ in self.first}
@@ -208,7 +256,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     # Only a key the run consumed less often than the reference can be lost: one it never
     # consumed, or one the reference consumed more than once.
     candidates = [(role, epoch, x) for (role, epoch), ref_seen in ref_uses.first.items()
-                  for x in ref_seen.keys() - uses.first.get((role, epoch), {}).keys()]
+                  for x in ref_seen.missing_from(uses.first.get((role, epoch)))]
     for k in [*candidates, *ref_uses.again]:
         in_ref, mine = ref_uses.get(k), uses.get(k)
         left = Counter(o.step for o, _ in mine)
@@ -232,7 +280,7 @@ def exactly_once_samples(history: History, *, reference: History | None = None) 
     lost = [k for k in lost if (k[1], k[2]) not in unsure]
     details["lost"] = len(lost)
     details["not_in_reference"] = sum(   # a data-order change, not a loss
-        len(seen.keys() - ref_uses.first.get(group, {}).keys()) for group, seen in uses.first.items())
+        len(seen.missing_from(ref_uses.first.get(group))) for group, seen in uses.first.items())
     if lost:
         drawn: dict[tuple[int, int], Occurrence] = {}
         kept_set = set(kept)

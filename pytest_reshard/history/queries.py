@@ -7,6 +7,7 @@ docstring.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import Counter
 from itertools import compress
 import json
@@ -30,6 +31,24 @@ from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery
 __all__ = ["History"]
 
 
+class _StepRecords:
+    """The ``record`` events of one step of one generation, ``(stream, position)`` as iterated:
+    two flat columns, not a tuple each (a thousand ranks' run has millions)."""
+
+    __slots__ = ("streams", "positions")
+
+    def __init__(self) -> None:
+        self.streams: list[RankStream] = []
+        self.positions = array("q")
+
+    def add(self, s: RankStream, pos: int) -> None:
+        self.streams.append(s)
+        self.positions.append(pos)
+
+    def __iter__(self) -> Iterator[tuple[RankStream, int]]:
+        return zip(self.streams, self.positions)
+
+
 @dataclass
 class _Index:
     """The facts the checkers ask for by generation and step, built once from the streams."""
@@ -37,7 +56,7 @@ class _Index:
     end_times: dict[tuple[int, int], dict[int, float]] = field(default_factory=dict)
     ended: dict[int, set[int]] = field(default_factory=dict)     # gen -> steps some rank ended
     begun: dict[int, set[int]] = field(default_factory=dict)     # gen -> steps some rank began
-    records: dict[tuple[int, int], list[tuple[RankStream, int]]] = field(default_factory=dict)
+    records: dict[tuple[int, int], _StepRecords] = field(default_factory=dict)
     starts: dict[int, dict[int, Event]] = field(default_factory=dict)
     resumed: dict[int, dict[int, Event]] = field(default_factory=dict)
     ranks_seen: dict[int, set[int]] = field(default_factory=dict)
@@ -133,7 +152,10 @@ class History(MembershipQueries):
         for pos in ended:
             end_times.setdefault((gen, steps[pos]), {})[rank] = times[pos]
         for pos in compress(range(len(kinds)), map(RECORD.__eq__, kinds)):
-            records.setdefault((gen, steps[pos]), []).append((s, pos))
+            at = records.get((gen, steps[pos]))
+            if at is None:
+                at = records[(gen, steps[pos])] = _StepRecords()
+            at.add(s, pos)
 
     def _index_other(self, s: RankStream, e: Event, pos: int) -> None:
         """An event kept as recorded (not a per-step one)."""
@@ -163,7 +185,7 @@ class History(MembershipQueries):
                 end_times.setdefault((gen, step), {})[rank] = _t(s.event(pos)) \
                     if pos in s.other else s.t[pos]
             elif code == RECORD:
-                records.setdefault((gen, step), []).append((s, pos))
+                records.setdefault((gen, step), _StepRecords()).add(s, pos)
 
     # -- supervisor view --------------------------------------------------------------------
     def _scenario(self) -> ScenarioRecord | None:

@@ -330,6 +330,27 @@ def test_exactly_once_reports_lost_samples_against_a_reference() -> None:
                                 "first sample 52 (epoch 0), reference step 13")
 
 
+def test_exactly_once_judges_sample_ids_past_64_bits_as_any_other() -> None:
+    # Sample ids are the user's: a hash of a document may not fit an int64.
+    big = 1 << 70
+
+    def run(first: int, ahead: int = 0) -> History:   # gen 1 draws from step ``first``'s batch
+        b = Builder(steps=10)
+        b.gen(run=range(5), saves={4: DIGEST},
+              samples=lambda s, r, w: [big + x for x in range(s * 4, s * 4 + 4)][r::w])
+        b.gen(resume=5, load=(4, DIGEST), run=range(5, 10), samples=lambda s, r, w: [
+            big + x for x in range((s - 5 + first + ahead) * 4, (s - 4 + first + ahead) * 4)][r::w])
+        return b.history()
+
+    assert exactly_once_samples(run(5)).status == "pass"
+    v = exactly_once_samples(run(3))
+    assert v.status == "fail" and v.message.startswith(
+        f"sample {big + 12} (epoch 0) consumed twice: at step 3 (generation 0, rank 0) and again "
+        "at step 5 (generation 1, rank 0)")
+    v = exactly_once_samples(run(5, ahead=1), reference=run(5))
+    assert v.status == "fail" and f"first sample {big + 20} (epoch 0), reference step 5" in v.message
+
+
 def test_exactly_once_lost_sample_of_a_discarded_step() -> None:
     b = Builder()
     b.gen(run=range(5), partial={5: [0]}, cause="failure")
