@@ -128,8 +128,8 @@ def write(folder: Path, ranks: int, steps: int, restarts: int, record: bool = Fa
         for rank in range(ranks):
             lines = [{"ev": Ev.START, "gen": gen, "rank": rank, "world_size": ranks,
                       "role": "trainer", "pid": 100 + rank, "max_rewind_steps": SAVE_EVERY}]
-            if record:
-                lines[0].update(gen=0, launcher="torchrun", restart=gen, job="synthetic")
+            if record:   # as the probe records: its generation is its launcher's restart count
+                lines[0].update(launcher="torchrun", restart=gen, job="synthetic")
             if first and shape is not None:
                 lines.append({**shape.digest(rank, first - 1), "ev": Ev.CKPT_LOAD, "gen": gen,
                               "rank": rank, "step": first - 1})

@@ -108,6 +108,7 @@ class History(MembershipQueries):
         self._attempts: list[Attempt] | None = None
         self._by_step: dict[tuple[int, int], list[Attempt]] | None = None
         self._kept: list[Occurrence] | None = None
+        self._record_fields: frozenset[str] | None = None
 
     @property
     def events(self) -> tuple[Event, ...]:
@@ -155,7 +156,8 @@ class History(MembershipQueries):
             at = records.get((gen, steps[pos]))
             if at is None:
                 at = records[(gen, steps[pos])] = _StepRecords()
-            at.add(s, pos)
+            at.streams.append(s)   # add(), inlined: millions of records
+            at.positions.append(pos)
 
     def _index_other(self, s: RankStream, e: Event, pos: int) -> None:
         """An event kept as recorded (not a per-step one)."""
@@ -495,6 +497,14 @@ class History(MembershipQueries):
     def times(self, ev: str | None, *, gen: int | None = None, rank: int | None = None) -> list[float]:
         """When the rank events of kind ``ev`` (of ``gen``, of ``rank``) happened, in history
         order (an event without a time counts as 0)."""
+        if ev is None and gen is not None and rank is not None:   # one stream, from its columns
+            s = self._streams.get((gen, rank))
+            if s is None:
+                return []
+            out = s.t.tolist()
+            for p, e in s.other.items():
+                out[p] = _t(e)
+            return out
         return [_t(e) for e in self.rank_events(ev, gen=gen, rank=rank)]
 
     def step_spans(self, *, gen: int | None = None, rank: int | None = None) -> list[StepSpan]:
@@ -686,19 +696,28 @@ class History(MembershipQueries):
         """rank -> the sum of a number it recorded in the step (``s.record(tokens=...)``), by
         rank."""
         out: dict[int, float] = {}
+        if not self.recorded(name):
+            return out
         for s, p in self._ix.records.get((gen, step), ()):
             value = s.value(p, name)
             if isinstance(value, (int, float)):
                 out[s.rank] = out.get(s.rank, 0.0) + float(value)
         return dict(sorted(out.items()))
 
+    def recorded(self, name: str) -> bool:
+        """Whether any rank's ``record`` events carry ``name`` (a value, or None)."""
+        if self._record_fields is None:
+            self._record_fields = frozenset().union(
+                *(s.record_fields() for s in self._streams.values()))
+        return name in self._record_fields
+
     def has_tokens(self) -> bool:
-        return any(s.value(p, "tokens") is not None
-                   for recs in self._ix.records.values() for s, p in recs)
+        return self.recorded("tokens") and any(
+            s.value(p, "tokens") is not None for recs in self._ix.records.values() for s, p in recs)
 
     def has_samples(self) -> bool:
-        return any(s.value(p, "samples") is not None
-                   for recs in self._ix.records.values() for s, p in recs)
+        return self.recorded("samples") and any(
+            s.value(p, "samples") is not None for recs in self._ix.records.values() for s, p in recs)
 
     def checkpoints(self, kind: str | None = None, *, gen: int | None = None,
                     rank: int | None = None) -> list[Checkpoint]:

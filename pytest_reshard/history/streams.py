@@ -220,6 +220,14 @@ class RankStream:
         return [*compress(self.step, map(code.__eq__, self.kind)),
                 *(int(e["step"]) for e in self.other.values() if e["ev"] == name)]
 
+    def record_fields(self) -> set[str]:
+        """The names its ``record`` events carry (``s.record(tokens=...)``): a name none of a
+        history's streams carries needs no look at each of its millions of records."""
+        names = {k for sid in set(compress(self.shape, map(RECORD.__eq__, self.kind)))
+                 for k in _SHAPES[sid][1]}
+        names.update(k for e in self.other.values() if e.get("ev") == Ev.RECORD for k in e)
+        return names
+
     def fields(self, pos: int) -> dict[str, Any]:
         """A compact event's fields beyond the usual ones, by name."""
         names = _SHAPES[self.shape[pos]][1]
@@ -334,7 +342,11 @@ class Recorded:
                 if pos >= first:
                     keys[pos - first] = float(e.get("t", 0.0))
             self._runs.append([s, len(s) - first])
-            self._keys.extend(keys if not shift else array("d", (t + shift for t in keys)))
+            if shift:
+                import numpy as np
+
+                keys = array("d", (np.frombuffer(keys, dtype=np.float64) + shift).tobytes())
+            self._keys.extend(keys)
 
     @staticmethod
     def own_shapes(ids: array, shapes: Sequence[tuple[str, ...]] | None) -> array:

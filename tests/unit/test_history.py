@@ -408,3 +408,12 @@ def test_a_sealed_file_reads_as_json_reads_it_whatever_its_parser(tmp_path: Path
     assert [n for n, _ in got] == [1, 2, 3, 4]
     assert math.isnan(got[0][1].pop("loss")) and got[1][1]["big"] == 1 << 70
     assert [e for _, e in got][1:] == events[1:]
+
+
+def test_a_ranks_event_times_read_from_its_columns_are_its_events_times() -> None:
+    h = reshard_run().history()
+    for gen in h.generations:
+        for rank in h.ranks_seen(gen):
+            events = h.rank_events(gen=gen, rank=rank)
+            assert any(e["ev"] not in ("begin", "end", "point", "record") for e in events)
+            assert h.times(None, gen=gen, rank=rank) == [float(e.get("t", 0.0)) for e in events]
