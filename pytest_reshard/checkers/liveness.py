@@ -11,6 +11,7 @@ clean reference run fails is a failure of the workload, said first.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -480,10 +481,22 @@ def _liveness(history: History, *, run_dir: str | Path | None = None) -> Verdict
                           "faults; every scheduled fault fired", details=details)
 
 
+#: Each clean run's liveness, asked for by every check compared with it (a thousand ranks' run
+#: takes seconds to judge), for as long as the run is held.
+_CLEAN: "weakref.WeakKeyDictionary[History, Verdict]" = weakref.WeakKeyDictionary()
+
+
+def _clean_liveness(h: History) -> Verdict:
+    v = _CLEAN.get(h)
+    if v is None:
+        v = _CLEAN[h] = liveness(h)
+    return v
+
+
 def clean_problem(h: History) -> str | None:
     """Why a clean (fault-free) run cannot be compared with: the first problem liveness finds
     in it (None: it passed)."""
-    v = liveness(h)
+    v = _clean_liveness(h)
     if v.status == PASS:
         return None
     problems = v.details.get("problems") or [v.message]
@@ -492,7 +505,7 @@ def clean_problem(h: History) -> str | None:
 
 def clean_failure(h: History) -> str | None:
     """What went wrong in a clean (fault-free) run, in a few words (None: it passed liveness)."""
-    v = liveness(h)
+    v = _clean_liveness(h)
     if v.status != FAIL:
         return None
     unexpected = sorted((d for d in h.detections() if not d.expected), key=lambda d: d.t or 0.0)

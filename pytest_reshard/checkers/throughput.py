@@ -117,6 +117,7 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
     measured: list[str] = []
     failures: list[tuple[int, str, int | None]] = []
     worked = 0  # generations whose ranks' shares of the work were judged
+    ref_rates: dict[tuple[tuple[str, ...], str], RoleRate | None] = {}
     devices = history.devices()
     for gen, g in sorted(history.generations.items()):
         rates = {role: rate for role in dict.fromkeys(g.roles)
@@ -153,7 +154,10 @@ def throughput(history: History, *, references: Mapping[tuple[str, ...], History
                                  idle[0]))
         ref = (references or {}).get(tuple(g.roles))
         for role, r in rates.items():
-            ref_rate = role_rate(ref, min(ref.generations), role) if ref and ref.generations else None
+            if ref is not None and (tuple(g.roles), role) not in ref_rates:   # once per topology
+                ref_rates[(tuple(g.roles), role)] = role_rate(ref, min(ref.generations), role) \
+                    if ref.generations else None
+            ref_rate = ref_rates.get((tuple(g.roles), role))
             if ref_rate is None or ref_rate.rate <= 0:
                 measured.append(f"gen {gen} {role} {_k(r.rate)} (no reference)")
                 continue

@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from pytest_reshard.contract import Cause, Damaged, Detected, Ev, MemberAction, RunDir, Torn
 from pytest_reshard.history.loading import HistoryError, load_events, validate
 from pytest_reshard.history.membership import MembershipQueries
-from pytest_reshard.history.streams import BEGIN, END, OTHER, POINT, RECORD, RankStream, Recorded
+from pytest_reshard.history.streams import (BEGIN, END, OTHER, POINT, RECORD, RankStream, Recorded,
+                                            values_of)
 from pytest_reshard.history.records import (Abort, Attempt, Checkpoint, Delivery, Detection,
                                             Devices, Event, FaultFired, FileEvent, Generation, Note,
                                             Occurrence, PowerLoss, RankMemory, RankRecord, RssSample,
@@ -698,10 +699,9 @@ class History(MembershipQueries):
         out: dict[int, float] = {}
         if not self.recorded(name):
             return out
-        for s, p in self._ix.records.get((gen, step), ()):
-            value = s.value(p, name)
+        for rank, value in values_of(self._ix.records.get((gen, step), ()), name):
             if isinstance(value, (int, float)):
-                out[s.rank] = out.get(s.rank, 0.0) + float(value)
+                out[rank] = out.get(rank, 0.0) + float(value)
         return dict(sorted(out.items()))
 
     def recorded(self, name: str) -> bool:

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_reshard.contract import (PREEMPT_SIGNAL, RECORD_FILE, SUPERVISOR_EVENTS, Cause,
                                      Damaged, Ev, Torn, read_jsonl)
-from pytest_reshard.history.loading import HistoryError, parsing, validate
+from pytest_reshard.history.loading import HistoryError, parsing, validate, without_gc
 from pytest_reshard.history.queries import History
 from pytest_reshard.history.records import Event
 from pytest_reshard.history.streams import BEGIN, END, POINT, RankStream, Recorded, shape_table
@@ -252,6 +252,11 @@ def load_recorded(folder: str | Path) -> History:
     if not files:
         raise HistoryError(f"{root}: no record-mode files (rec-r*.jsonl); did the job run with "
                            "RESHARD_RECORD set to this folder, or probe.attach(record=...)?")
+    with without_gc():   # as History.load: millions of objects, no cycles among them
+        return _load_recorded(root, files)
+
+
+def _load_recorded(root: Path, files: list[Path]) -> History:
     torn: list[Torn] = []
     damaged: list[Damaged] = []
     parsed: list[tuple[Incarnation, RankStream]] = []

@@ -14,12 +14,13 @@ import sys
 import threading
 from array import array
 from itertools import compress, repeat
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from pytest_reshard.contract import SUPERVISOR_EVENTS, Ev
 from pytest_reshard.history.records import Event
 
-__all__ = ["RankStream", "Recorded", "shape_table", "OTHER", "BEGIN", "END", "POINT", "RECORD"]
+__all__ = ["RankStream", "Recorded", "shape_table", "values_of", "OTHER", "BEGIN", "END", "POINT",
+           "RECORD"]
 
 #: A stream's kind codes: ``OTHER`` is an event kept as recorded.
 OTHER, BEGIN, END, POINT, RECORD = range(5)
@@ -61,6 +62,23 @@ def _no_extra(e: Event) -> None:
 
 
 _call = getattr(operator, "call", None) or (lambda f, x: f(x))   # Python 3.10 has no call
+
+
+def values_of(events: Iterable[tuple["RankStream", int]], name: str) -> Iterator[tuple[int, Any]]:
+    """``(rank, value)`` of field ``name`` of each ``(stream, position)`` event that has it:
+    ``RankStream.value`` inlined, for a step's records of a thousand ranks."""
+    if name in _USUAL:   # a column's, not a field's
+        yield from ((s.rank, v) for s, p in events if (v := s.value(p, name)) is not None)
+        return
+    field_at = _FIELD_AT
+    for s, p in events:
+        if s.kind[p]:
+            at = field_at[s.shape[p]].get(name)
+            if at is not None:
+                x = s.extra[p]
+                yield s.rank, x if at < 0 else x[at]
+        elif name in s.other[p]:
+            yield s.rank, s.other[p][name]
 
 
 def shape_table() -> list[tuple[str, ...]]:
