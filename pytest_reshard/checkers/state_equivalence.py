@@ -388,7 +388,12 @@ def state_equivalence(history: History) -> Verdict:
     if excused or dropped:
         return Verdict.unknown(check, _summarise(excused + dropped), details=details)
     if unverified:
-        return Verdict.unknown(check, f"{_summarise(unverified)}; {_ADVICE}", details=details)
+        undigested = sorted({n for c in history.checkpoints()
+                             for n in c.info.get("undigested") or ()})
+        advice = (f"record mode took no digest of the state it was given ({', '.join(undigested)}):"
+                  " turn digests on with RESHARD_RECORD_DIGESTS=1 or probe.attach(record=..., "
+                  "digests=True)" if undigested else _ADVICE)
+        return Verdict.unknown(check, f"{_summarise(unverified)}; {advice}", details=details)
     if verified:
         note = f"; {_summarise(dropped_rng)}" if dropped_rng else ""
         return Verdict.passed(check, f"{verified} loads match what was saved, component by "

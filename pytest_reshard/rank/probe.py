@@ -569,6 +569,8 @@ class Run:
             if not isinstance(obj, Mapping) and callable(getattr(obj, "state_dict", None)):
                 obj = obj.state_dict()
             digests[str(name)] = digest(obj)
+        if state and not self._digests:   # said, so a verdict can say why it has no digest
+            info["undigested"] = sorted(str(name) for name in state)
         names = [per_rank] if isinstance(per_rank, str) else list(per_rank)
         if names:
             info["per_rank"] = sorted({str(n) for n in names})

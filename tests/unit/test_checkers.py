@@ -443,6 +443,15 @@ def test_state_equivalence_uses_expected_when_nothing_was_saved() -> None:
     assert v.status == "fail" and "data state differs" in v.message and "expected digest" in v.message
 
 
+def test_state_equivalence_names_record_modes_digests_when_state_went_undigested() -> None:
+    # record mode takes no digest of state= unless asked: the verdict says how to ask
+    b = reshard_run(load=None)
+    b.rank(1, 0, "ckpt_load", step=12, digest={}, undigested=["model", "opt"])
+    v = state_equivalence(b.history())
+    assert v.status == "unknown" and "took no digest of the state it was given (model, opt)" \
+        in v.message and "RESHARD_RECORD_DIGESTS=1" in v.message
+
+
 def test_state_equivalence_unknown_without_digests() -> None:
     v = state_equivalence(reshard_run(load=None).history())
     assert v.status == "unknown" and "run.checkpoint_saved" in v.message

@@ -322,7 +322,8 @@ def test_record_mode_writes_one_file_and_nothing_else(tmp_path: Path) -> None:
     assert (start["ev"], start["launcher"], start["restart"], start["job"], start["gen"]) == \
         ("start", "torchrun", 2, "abc", 2)
     assert start["host"] and start["pid"]
-    assert next(e for e in events if e["ev"] == "ckpt_save")["digest"] == {}
+    save = next(e for e in events if e["ev"] == "ckpt_save")
+    assert (save["digest"], save["undigested"]) == ({}, ["model"])   # said, for the verdict
     assert events[-1]["ev"] == "exit" and events[-1]["code"] == 0
 
 
@@ -348,7 +349,8 @@ def test_record_mode_digests_when_asked(tmp_path: Path) -> None:
     run.checkpoint_saved(0, state={"model": {"w": 1}})
     run.close()
     events = [json.loads(line) for line in recorded_files(tmp_path)[0].read_text().splitlines()]
-    assert set(next(e for e in events if e["ev"] == "ckpt_save")["digest"]) == {"model"}
+    save = next(e for e in events if e["ev"] == "ckpt_save")
+    assert set(save["digest"]) == {"model"} and "undigested" not in save
 
 
 def test_slurm_restart_count_and_the_attach_argument(tmp_path: Path) -> None:
