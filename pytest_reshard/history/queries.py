@@ -50,6 +50,11 @@ class _StepRecords:
         return zip(self.streams, self.positions)
 
 
+def _draw(drawn: tuple[Any, Any]) -> tuple[int, list[int]]:
+    """``(epoch, sample ids)`` of a record's ``RankStream.drawn`` (no epoch: 0)."""
+    return int(drawn[1] or 0), list(map(int, drawn[0]))
+
+
 @dataclass
 class _Index:
     """The facts the checkers ask for by generation and step, built once from the streams."""
@@ -651,7 +656,7 @@ class History(MembershipQueries):
         for s, p in self._ix.records.get((gen, step), ()):
             drawn = s.drawn(p)
             if drawn is not None:
-                out.setdefault(s.rank, []).append((int(drawn[1] or 0), list(map(int, drawn[0]))))
+                out.setdefault(s.rank, []).append(_draw(drawn))
                 first.setdefault(s.rank, s.index[p])
         if len(out) > 1 and list(first.values()) != sorted(first.values()):
             out = {r: out[r] for r in sorted(out, key=first.__getitem__)}
@@ -680,7 +685,7 @@ class History(MembershipQueries):
                     if groups:
                         yield i, rank, groups
                     groups, rank = [], s.rank
-                groups.append((int(got[1] or 0), list(map(int, got[0]))))
+                groups.append(_draw(got))
             if groups:
                 yield i, rank, groups
 

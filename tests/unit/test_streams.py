@@ -104,9 +104,9 @@ def test_a_file_taken_in_columns_is_the_file_taken_event_by_event(picked) -> Non
 
 def test_equal_strings_of_a_file_are_one_object() -> None:
     # A thousand ranks' points name a handful of phases millions of times: held once each.
-    lines = [(i, {"ev": "point", "step": i, "phase": "forward" + "", "t": float(i), "gen": 0,
-                  "rank": 0}) for i in range(3)]
-    lines = [(i, {**e, "phase": "".join(["for", "ward"])}) for i, e in lines]
+    lines = [(i, {"ev": "point", "step": i, "phase": "".join(["for", "ward"]), "t": float(i),
+                  "gen": 0, "rank": 0}) for i in range(3)]   # equal strings, each its own object
+    assert lines[0][1]["phase"] is not lines[1][1]["phase"]
     s = RankStream(0, 0)
     s.take(lines, lambda e: None)
     assert s.extra[0] is s.extra[1] is s.extra[2]
