@@ -24,7 +24,7 @@ __all__ = ["ReferenceRuns", "KILL_GRACE_S", "usable_cpus", "concurrent_reference
 #: Scenario settings a clean run does not use: judging thresholds (the chaos run's), the
 #: throttle of device classes and the fault points of a schedule, both of which it runs without.
 #: Its scenario has their defaults, so that scenarios differing only in them share one run.
-UNUSED = ("throttle", "max_idle", "max_stall_steps", "max_pause_steps", "min_throughput", "phases")
+UNUSED = ("throttle", "max_idle", "settle_steps", "max_stall_steps", "max_pause_steps", "min_throughput", "phases")
 UNUSED_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(Scenario) if f.name in UNUSED}
 
 

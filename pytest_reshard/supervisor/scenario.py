@@ -45,6 +45,7 @@ class Scenario:
     devices: list[str] | None = None  # each rank's device class (supervisor/devices.py): a heterogeneous world
     throttle: str = "auto"         # devices: "cgroup" (CPU quota), "stretch" (sleep after each step), auto
     max_idle: float = 0.10         # devices: the most of its steps a rank may idle at collectives (balance)
+    settle_steps: int = 1          # devices: steps of each generation balance leaves out (warm-up, measuring shares)
     max_stall_steps: float = 2.0   # the longest step while a live handover is prepared, in median steps (downtime)
     max_pause_steps: float = 10.0  # the longest a live handover's swap may take, in median steps (downtime)
 

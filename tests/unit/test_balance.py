@@ -31,7 +31,7 @@ def test_every_rank_timed_and_balanced_passes():
     b = Builder(steps=4)
     _gen(b, range(4), {0: 0.05, 1: 0.0})
     v = balance(b.history())
-    assert v.status == PASS and v.message.startswith("generation 0: at most 5% idle"), v.message
+    assert v.status == PASS and v.message.startswith("generation 0, steps 1-3: at most 5% idle"), v.message
 
 
 def test_an_unbalanced_world_fails_naming_the_idlest_rank():
@@ -39,7 +39,7 @@ def test_an_unbalanced_world_fails_naming_the_idlest_rank():
     _gen(b, range(4), {0: 0.4, 1: 0.0})
     v = balance(b.history())
     assert v.status == FAIL and (v.rank, v.generation) == (0, 0), v.message
-    assert v.message.startswith("generation 0: rank 0 (h100, 50% of the samples) idled 40%"), v
+    assert v.message.startswith("generation 0, steps 1-3: rank 0 (h100, 50% of the samples) idled 40%"), v
 
 
 def test_a_rank_without_timings_makes_the_verdict_unknown_not_a_pass():
@@ -119,10 +119,32 @@ def test_a_pipeline_is_judged_role_by_role_and_an_untimed_role_is_left_out_by_na
 
     v = balance(pipeline(0.05).history())
     assert v.status == PASS, v
-    assert v.message.startswith("generation 0 (drafter): at most 5% idle (rank 2 (h100, 50% of "
+    assert v.message.startswith("generation 0 (drafter), steps 1-3: at most 5% idle (rank 2 (h100, 50% of "
                                 "the samples)"), v.message
     assert "generation 0's target ranks recorded no compute_s, not judged" in v.message
     v = balance(pipeline(0.4).history())
     assert v.status == FAIL and v.rank == 2, v
-    assert v.message.startswith("generation 0 (drafter): rank 2 (h100, 50% of the samples) idled "
+    assert v.message.startswith("generation 0 (drafter), steps 1-3: rank 2 (h100, 50% of the samples) "
+                                "idled "
                                 "40% of its steps"), v.message
+
+
+def test_settle_steps_leave_out_a_generations_start_and_the_verdict_names_the_steps_judged():
+    """A workload that feeds its step times back into its shares idles while it settles: with
+    settle_steps=3 its first 3 steps are left out; a rank idling every step still fails."""
+    b = Builder(steps=6)
+    gen = _gen(b, range(6), {0: 0.0, 1: 0.0})
+    for e in b.events:   # rank 0 idles 40% in steps 0-2, while the shares settle
+        if e.get("rank") == 0 and e.get("step", 9) < 3 and "wait_s" in e:
+            e.update(compute_s=0.6, wait_s=0.4)
+    assert balance(b.history()).status == FAIL
+    v = balance(b.history(), settle_steps=3)
+    assert v.status == PASS and v.message.startswith(f"generation {gen}, steps 3-5: at most 0%"), v
+    b = Builder(steps=6)
+    _gen(b, range(6), {0: 0.4, 1: 0.0})
+    v = balance(b.history(), settle_steps=3)
+    assert v.status == FAIL and v.message.startswith("generation 0, steps 3-5: rank 0"), v.message
+    b = Builder(steps=3)
+    _gen(b, range(3), {0: 0.0, 1: 0.0})
+    v = balance(b.history(), settle_steps=3)
+    assert v.status == UNKNOWN and "a step after its first 3 that every rank ended" in v.message, v

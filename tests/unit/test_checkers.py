@@ -1013,7 +1013,8 @@ def test_balance_fails_the_idlest_rank_naming_its_class_and_share_and_passes_a_b
 
     v = balance(_mixed(0.4))
     assert v.status == "fail" and v.rank == 0 and v.generation == 0, v.message
-    assert v.message.startswith("generation 0: rank 0 (h100, 75% of the samples) idled 40% of "
+    assert v.message.startswith("generation 0, steps 1-3: rank 0 (h100, 75% of the samples) idled "
+                                "40% of "
                                 "its steps waiting at the collectives for rank 1 (a100, 25% "), v
     ok = balance(_mixed(0.05))
     assert ok.status == "pass" and "at most 5% idle" in ok.message, ok.message
