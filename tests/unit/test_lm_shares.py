@@ -61,3 +61,27 @@ def test_the_lm_takes_shares_and_its_share_bugs_need_measured_shares():
     assert {"unweighted_shares", "stale_shares"} <= set(lm.BUGS)
     with pytest.raises(SystemExit, match="add --shares measured"):
         lm.parse_args(["--bug", "unweighted_shares"])
+
+
+def test_share_feedback_settles_where_every_rank_computes_equally_long():
+    """Ranks of speeds 1 and 0.25 with a fixed cost per step (2 sample-times): a kernel's
+    proportional split (38/10) leaves the fast rank idle 17% of each step; the feedback reaches
+    equal times within a sample's time, from any start."""
+    def seconds(counts: list[int]) -> list[float]:
+        return [(2 + n) / speed for n, speed in zip(counts, [1.0, 0.25])]
+
+    for counts in ([38, 10], [24, 24], [47, 1]):
+        feedback = C.ShareController(48)
+        for _ in range(12):
+            counts = feedback.update(counts, seconds(counts)) or counts
+        fast, slow = seconds(counts)
+        assert sum(counts) == 48 and abs(fast - slow) <= 1 / 0.25, (counts, fast, slow)
+    assert seconds([38, 10]) == [40.0, 48.0]
+
+
+def test_share_feedback_without_a_rank_time_changes_nothing_and_rejects_a_foreign_step():
+    feedback = C.ShareController(12)
+    assert feedback.update([9, 3], [0.1, 0.0]) is None and feedback.rates is None
+    assert feedback.update([9, 3], [0.1, 0.1]) == [9, 3]
+    with pytest.raises(ValueError, match="do not describe one step of 12 samples"):
+        feedback.update([9, 4], [0.1, 0.1])
