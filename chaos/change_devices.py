@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_reshard.chaos._common import positive
 from pytest_reshard.chaos.shift_shards import execute
-from pytest_reshard.contract import DEVICE_CLASSES, Cause
+from pytest_reshard.contract import DEVICE_CLASSES, OWN_GPUS, Cause
 from pytest_reshard.schedule import Fault, ScheduleError
 from pytest_reshard.schedule.kinds import DrawContext, Ending, FaultKind, register
 
@@ -45,6 +45,9 @@ def _draw(draw: Any, ctx: DrawContext) -> Fault:
 def _requires(options: Mapping[str, Any]) -> str | None:
     if not options.get("devices"):
         return "change_devices changes a heterogeneous world's mix: give the scenario devices="
+    if options.get("throttle") == OWN_GPUS:
+        return ("change_devices changes a mix made on CPU, and a GPU keeps its class: name the "
+                "classes (devices=[...]) instead of devices='gpu'")
     return None
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
-from pytest_reshard.contract import STRETCHED
+from pytest_reshard.contract import OWN_GPUS, STRETCHED
 from pytest_reshard.history import Devices, History
 from pytest_reshard.verdict import Verdict
 
@@ -60,7 +60,7 @@ def balance(history: History, *, max_idle: float = MAX_IDLE,
     devices = history.devices()
     if not devices:
         return Verdict.unknown(CHECK, "not a heterogeneous world: pass devices= to judge balance")
-    stretched = sorted({g for g, d in devices.items() if d.mode != "cgroup"}
+    stretched = sorted({g for g, d in devices.items() if d.mode not in ("cgroup", OWN_GPUS)}
                        | {n.gen for n in history.notes(STRETCHED) if n.gen in devices})
     if stretched:   # the class's slowness comes after the step's body: compute_s cannot show it
         return Verdict.unknown(CHECK, f"generation {stretched[0]}'s devices were stretched, not "

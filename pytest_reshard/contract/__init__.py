@@ -37,7 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass",
+__all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass", "OWN_GPUS",
            "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
            "RunDir", "ADVICE", "GUARD", "FLIPPED", "LINK_CHANGED", "NOT_INJECTED", "STRETCHED",
            "STACK_SIGNAL", "PREEMPT_SIGNAL",
@@ -127,9 +127,13 @@ class DeviceClass:
     memory_gib: int
 
 
-#: H100 SXM 989 dense BF16 TFLOPS, A100 312, L40S 362; memory as sold (A100 in its 80 GB form).
+#: H100 SXM 989 dense BF16 TFLOPS (an H200 the same, with more memory), A100 312, L40S 362;
+#: memory as sold (A100 in its 80 GB form).
 DEVICE_CLASSES = {c.name: c for c in (DeviceClass("h100", 1.0, 80), DeviceClass("a100", 0.32, 80),
-                                      DeviceClass("l40s", 0.37, 48))}
+                                      DeviceClass("l40s", 0.37, 48), DeviceClass("h200", 1.0, 141))}
+#: ``devices="gpu"``: each rank's class is read from the GPU it computes on, and nothing slows it
+#: (also the ``mode`` its ``devices`` event records).
+OWN_GPUS = "gpu"
 
 
 class Detected(str, enum.Enum):

@@ -364,7 +364,7 @@ class Abort:
 class Devices:
     """A heterogeneous world's generation (``Scenario.devices``): each rank's device class, its
     speed relative to an H100 (``devices.REFERENCE``, the same in every generation), and how that
-    was made real (``cgroup``, ``stretch``)."""
+    was made real (``cgroup``, ``stretch``) or read (``gpu``: the ranks' own GPUs)."""
 
     gen: int
     classes: tuple[str, ...]

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, NOT_INJECTED, PREEMPT_SIGNAL,
+from pytest_reshard.contract import (ADVICE, GUARD, HUB_PROTOCOL, NOT_INJECTED, OWN_GPUS, PREEMPT_SIGNAL,
                                      STACK_SIGNAL, STRETCHED, Env, Ev, RunDir, encode_event, hub_hello,
                                      hub_line, hub_secret, name_of, read_jsonl, record_file, seal)
 
@@ -393,7 +393,10 @@ class Run:
 
     def _take_device(self, entry: Mapping[str, Any]) -> None:
         """This rank's device class in a heterogeneous world: join the cgroup that caps its CPU
-        time, or, without one, stretch each step by the class's slowness."""
+        time, or, without one, stretch each step by the class's slowness; on its own GPU,
+        nothing."""
+        if entry.get("mode") == OWN_GPUS:
+            return
         group = (entry.get("cgroups") or [None] * (self.rank + 1))[self.rank]
         if group is not None:
             try:

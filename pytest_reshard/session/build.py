@@ -9,7 +9,8 @@ from pytest_reshard import workloads
 from pytest_reshard.schedule import Fault, Schedule, kinds, validate
 from pytest_reshard.supervisor import launch
 from pytest_reshard.supervisor.policies.membership import check_scenario as check_membership
-from pytest_reshard.supervisor.devices import MODES as THROTTLES, expand_devices
+from pytest_reshard.contract import OWN_GPUS
+from pytest_reshard.supervisor.devices import MODES as THROTTLES, expand_devices, gpu_classes
 from pytest_reshard.supervisor.scenario import Scenario, expand_roles
 
 __all__ = ["scenario_from"]
@@ -52,8 +53,21 @@ def scenario_from(workload: str, *, world_size: int, steps: int, faults: Sequenc
                                                          for f in flat)
     if options.get("roles") is not None:
         options["roles"] = expand_roles(options["roles"], world_size)
-    if options.get("devices") is not None:
+    if options.get("devices") == OWN_GPUS:
+        if options.get("backend") != "nccl":
+            raise ValueError("devices='gpu' reads each rank's class from the GPU it computes on, "
+                             f"but the backend is {options.get('backend', 'gloo')!r}: the ranks "
+                             "compute on CPU; run with --reshard-backend=nccl (or backend='nccl')")
+        if options.get("throttle", "auto") not in ("auto", OWN_GPUS):
+            raise ValueError(f"throttle={options['throttle']!r} slows ranks on CPU; devices='gpu' "
+                             "runs each rank at its own GPU's speed: leave throttle= out")
+        options["devices"], _ = gpu_classes(world_size)
+        options["throttle"] = OWN_GPUS
+    elif options.get("devices") is not None:
         options["devices"] = expand_devices(options["devices"], world_size)
+        if options.get("throttle") == OWN_GPUS:
+            raise ValueError("throttle='gpu' reads the classes from the ranks' GPUs: pass "
+                             "devices='gpu' instead of naming them")
     if options.get("throttle", "auto") not in THROTTLES:
         raise ValueError(f"throttle={options['throttle']!r}: use one of {', '.join(THROTTLES)}")
     spec = workloads.get(workload)

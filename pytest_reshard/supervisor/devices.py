@@ -14,6 +14,11 @@ as it attaches; elsewhere the probe *stretches* each step instead, sleeping ``(1
 times the step's own time after it, as a host thread waits on a slower device. ``Throttle.mode``
 says which, and the history records it with each generation's classes (``Ev.DEVICES``).
 
+On a GPU runner ``devices="gpu"`` takes the real devices instead: each rank's class is read from
+the GPU it computes on (``gpu_classes``: rank ``r`` on the ``r``-th visible GPU, wrapped around,
+as the bundled workloads pick ``cuda:LOCAL_RANK``), nothing is capped or stretched, and the mode
+is ``OWN_GPUS``. A GPU of no known class is an error that names it.
+
 What it models: a rank that computes slower, so its peers wait for it at every collective.
 What it does not: memory bandwidth, NVLink or PCIe, a device's own memory size (recorded, not
 enforced), and, with the cgroup cap, it slows the rank's communication as much as its compute.
@@ -25,13 +30,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import DEVICE_CLASSES
+from pytest_reshard.contract import DEVICE_CLASSES, OWN_GPUS
 
-__all__ = ["MODES", "REFERENCE", "Throttle", "expand_devices", "next_devices"]
+__all__ = ["MODES", "REFERENCE", "Throttle", "class_of", "expand_devices", "gpu_classes",
+           "next_devices"]
 
 
 CGROUP_V2, CGROUP_V1 = Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")
@@ -55,6 +63,56 @@ def expand_devices(spec: Sequence[str] | Mapping[str, int], world_size: int) -> 
     return names
 
 
+def class_of(gpu_name: str) -> str:
+    """The device class of a GPU by its product name (``NVIDIA H100 80GB HBM3`` -> ``h100``)."""
+    squeezed = "".join(c for c in gpu_name.lower() if c.isalnum())
+    found = [name for name in DEVICE_CLASSES if name in squeezed]
+    if len(found) != 1:
+        raise ValueError(f"devices='gpu': the GPU {gpu_name!r} is of no known class (known: "
+                         f"{', '.join(DEVICE_CLASSES)}); name each rank's class instead, "
+                         "devices=[...], and say so in the test")
+    return found[0]
+
+
+def gpu_classes(world_size: int, env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
+    """``devices="gpu"``: the class of the GPU each rank computes on (rank ``r`` on the ``r``-th
+    GPU of ``CUDA_VISIBLE_DEVICES``, or of the machine, wrapped around), and a line naming the
+    GPUs. No GPU is an error."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    ids = None if visible is None else [v.strip() for v in visible.split(",")
+                                        if v.strip() and v.strip() != "-1"]
+    if ids == []:
+        raise ValueError(f"devices='gpu' reads each rank's class from its GPU, but "
+                         f"CUDA_VISIBLE_DEVICES={visible!r} shows none: name the classes "
+                         "(devices=[...]) to make them on CPU, or mark the test @pytest.mark.gpu")
+    listed = _nvidia_smi()
+    by_id = {key: name for index, uuid, name in listed for key in (index, uuid)}
+    ids = [index for index, _, _ in listed] if ids is None else ids
+    if not ids:
+        raise ValueError("devices='gpu': nvidia-smi lists no GPU here: name the classes "
+                         "(devices=[...]) instead")
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise ValueError(f"devices='gpu': nvidia-smi lists no GPU {', '.join(missing)} of "
+                         f"CUDA_VISIBLE_DEVICES; it lists {', '.join(sorted(by_id))}")
+    per_rank = [by_id[ids[r % len(ids)]] for r in range(world_size)]
+    return [class_of(n) for n in per_rank], "each rank's own GPU: " + ", ".join(
+        f"rank {r} {n}" for r, n in enumerate(per_rank))
+
+
+def _nvidia_smi() -> list[tuple[str, str, str]]:
+    """Every GPU of this machine as NVML numbers and names it: (index, UUID, product name)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        raise ValueError("devices='gpu' reads the GPUs' names with nvidia-smi, which is not on "
+                         "PATH here: name the classes (devices=[...]) instead")
+    out = subprocess.run([smi, "--query-gpu=index,uuid,name", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=20, check=True).stdout
+    rows = [[field.strip() for field in line.split(",", 2)] for line in out.splitlines()]
+    return [(row[0], row[1], row[2]) for row in rows if len(row) == 3]
+
+
 def next_devices(devices: Sequence[str], size: int, *, lost: int | None = None) -> list[str]:
     """The classes of the next generation: the same ranks less the one lost (its device went
     with it), trimmed at the end, or extended with the last class."""
@@ -64,28 +122,34 @@ def next_devices(devices: Sequence[str], size: int, *, lost: int | None = None) 
     return (out + out[-1:] * size)[:size]
 
 
-MODES = ("auto", "cgroup", "stretch")
+MODES = ("auto", "cgroup", "stretch", OWN_GPUS)
 
 
 class Throttle:
     """Per-rank CPU caps for one run: cgroups where they can be made (``mode="auto"``, or
-    ``"cgroup"``: an error where they cannot), else the probe's stretch (``"stretch"``)."""
+    ``"cgroup"``: an error where they cannot), else the probe's stretch (``"stretch"``); none
+    on the ranks' own GPUs (``OWN_GPUS``, with ``why`` naming them)."""
 
     def __init__(self, run_id: str, mode: str = "auto") -> None:
         if mode not in MODES:
             raise ValueError(f"throttle={mode!r}: use one of {', '.join(MODES)}")
-        self.root, self.v1, why = (None, False, "stretch asked for") if mode == "stretch" else \
+        self.root, self.v1, why = (None, False, "") if mode == OWN_GPUS else \
+            (None, False, "stretch asked for") if mode == "stretch" else \
             _cgroup_root(f"{os.getpid()}-{run_id}")
         if mode == "cgroup" and self.root is None:
             raise RuntimeError(f"throttle='cgroup' was asked for, but {why}")
-        self.mode = "cgroup" if self.root is not None else "stretch"
+        self.mode = OWN_GPUS if mode == OWN_GPUS else "cgroup" if self.root is not None \
+            else "stretch"
         self.why = why
         self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
 
     def plan(self, gen: int, devices: Sequence[str]) -> dict[str, Any]:
         """The generation's ``devices`` entry of its plan: each rank's class, speed (relative
-        to ``REFERENCE``) and, under cgroups, the CPUs it may use and the group that caps it."""
+        to ``REFERENCE``) and, under cgroups, the CPUs it may use and the group that caps it.
+        On the ranks' own GPUs the classes are read from them, for this generation's size."""
+        if self.mode == OWN_GPUS:
+            devices, self.why = gpu_classes(len(devices))
         speeds = [round(DEVICE_CLASSES[d].speed / REFERENCE, 4) for d in devices]
         entry: dict[str, Any] = {"classes": list(devices), "speeds": speeds, "mode": self.mode,
                                  "why": self.why}

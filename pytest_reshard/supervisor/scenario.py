@@ -43,7 +43,7 @@ class Scenario:
     member_restart_delay_s: float = 0.0  # membership mode: a dead group comes back this much later
     lighthouse: dict[str, Any] | None = None  # membership mode: host torchft's Lighthouse with these settings
     devices: list[str] | None = None  # each rank's device class (supervisor/devices.py): a heterogeneous world
-    throttle: str = "auto"         # devices: "cgroup" (CPU quota), "stretch" (sleep after each step), auto
+    throttle: str = "auto"         # devices: "cgroup" (CPU quota), "stretch" (sleep after each step), auto, "gpu"
     max_idle: float = 0.10         # devices: the most of its steps a rank may idle at collectives (balance)
     settle_steps: int = 1          # devices: steps of each generation balance leaves out (warm-up, measuring shares)
     max_stall_steps: float = 2.0   # the longest step while a live handover is prepared, in median steps (downtime)

@@ -41,3 +41,21 @@ def test_allocator_fragmentation_reads_the_real_caching_allocator():
     assert f["largest_free"] < f["total_free"] and 0 < f["fragmentation"] < 1
     s = telemetry.sample()
     assert s.source == "nvml" and s.memory_total and s.memory_used, s.note
+
+
+@pytest.mark.gpu(1)
+def test_the_ranks_own_gpus_are_their_device_classes(reshard_run):
+    """``devices="gpu"``: each rank's class is read from the GPU it computes on; nothing slows it."""
+    import torch
+
+    from pytest_reshard.contract import OWN_GPUS
+    from pytest_reshard.supervisor.devices import class_of
+
+    result = reshard_run("dflash", world_size=4, roles={"target": 3, "drafter": 1}, devices="gpu",
+                         args=["--shares", "measured"],
+                         faults=[chaos.kill(role="target", at_step=4, phase="send")])
+    result.assert_ok()
+    mine = class_of(torch.cuda.get_device_name(0))
+    for gen, d in result.history.devices().items():
+        assert d.mode == OWN_GPUS and d.classes == (mine,) * len(d.classes), (gen, d)
+        assert d.why.startswith("each rank's own GPU: rank 0 "), d.why

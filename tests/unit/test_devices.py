@@ -2,11 +2,16 @@
 recorded are the ones the kernel enforces."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from pytest_reshard.supervisor.devices import PERIOD_US, QUOTA_MIN_US, REFERENCE, Throttle
+from pytest_reshard.contract import OWN_GPUS
+from pytest_reshard.schedule import kinds
+from pytest_reshard.session import scenario_from
+from pytest_reshard.supervisor.devices import (PERIOD_US, QUOTA_MIN_US, REFERENCE, Throttle,
+                                              class_of, gpu_classes)
 
 
 def _in(folder: Path, cpus: int) -> Throttle:
@@ -65,3 +70,62 @@ def test_the_kernel_enforces_the_quota_recorded():
         assert int(Path(entry["cgroups"][0]).parent.joinpath(name).read_text()) == weight
     finally:
         t.close()
+
+
+# -- devices="gpu": the classes of the ranks' own GPUs -------------------------------------------
+SMI = """#!/bin/sh
+echo "0, GPU-aaaa, NVIDIA H100 80GB HBM3"
+echo "1, GPU-bbbb, NVIDIA A100-SXM4-80GB"
+echo "2, GPU-cccc, NVIDIA L4"
+"""
+
+
+@pytest.fixture
+def three_gpus(tmp_path, monkeypatch):
+    """A machine whose nvidia-smi lists an H100, an A100 and an L4 (a class we do not know)."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+
+
+def test_gpu_names_map_to_their_classes_and_an_unknown_one_is_named():
+    assert [class_of(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L40S",
+                                  "NVIDIA H200")] == ["h100", "a100", "l40s", "h200"]
+    with pytest.raises(ValueError, match="'NVIDIA L4' is of no known class"):
+        class_of("NVIDIA L4")
+
+
+def test_each_rank_takes_the_class_of_the_visible_gpu_it_computes_on(three_gpus):
+    assert gpu_classes(1, {})[0] == ["h100"]   # no CUDA_VISIBLE_DEVICES: the machine's GPUs
+    classes, why = gpu_classes(3, {"CUDA_VISIBLE_DEVICES": "GPU-bbbb,0"})
+    assert classes == ["a100", "h100", "a100"]   # rank 2 wraps around to the first visible GPU
+    assert why == ("each rank's own GPU: rank 0 NVIDIA A100-SXM4-80GB, rank 1 NVIDIA H100 80GB "
+                   "HBM3, rank 2 NVIDIA A100-SXM4-80GB")
+    with pytest.raises(ValueError, match="'NVIDIA L4' is of no known class"):
+        gpu_classes(1, {"CUDA_VISIBLE_DEVICES": "2"})
+    with pytest.raises(ValueError, match="lists no GPU 7 of CUDA_VISIBLE_DEVICES"):
+        gpu_classes(1, {"CUDA_VISIBLE_DEVICES": "7"})
+
+
+def test_devices_gpu_without_a_gpu_or_on_gloo_is_an_error_that_says_what_to_do():
+    with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES='' shows none.*devices=\[\.\.\.\]"):
+        gpu_classes(2, {"CUDA_VISIBLE_DEVICES": ""})
+    with pytest.raises(ValueError, match="the backend is 'gloo'.*--reshard-backend=nccl"):
+        scenario_from("lm", world_size=2, steps=4, devices="gpu", backend="gloo")
+    with pytest.raises(ValueError, match="pass devices='gpu' instead of naming them"):
+        scenario_from("lm", world_size=2, steps=4, devices=["h100", "a100"], throttle="gpu")
+
+
+def test_the_own_gpus_mode_caps_nothing_and_records_the_gpus(three_gpus, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    entry = Throttle("t", OWN_GPUS).plan(0, ["h100", "h100"])   # the classes are read, not given
+    assert entry == {"classes": ["h100", "a100"], "speeds": [1.0, 0.32], "mode": OWN_GPUS,
+                     "why": "each rank's own GPU: rank 0 NVIDIA H100 80GB HBM3, rank 1 NVIDIA "
+                            "A100-SXM4-80GB"}
+
+
+def test_a_change_of_the_mix_is_refused_on_the_ranks_own_gpus():
+    requires = kinds.get("change_devices").requires
+    assert requires is not None and requires({"devices": ["h100"], "throttle": "cgroup"}) is None
+    assert "a GPU keeps its class" in (requires({"devices": ["h100"], "throttle": OWN_GPUS}) or "")
