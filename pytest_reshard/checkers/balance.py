@@ -1,11 +1,16 @@
 """balance: in a heterogeneous world, no rank sits idle waiting for a slower one.
 
 Each rank records per step how long it computed (``compute_s``) and how long it waited at the
-step's collectives for the others (``wait_s``), and its samples. When the shares of the work are
-in proportion to each rank's speed, every rank computes about as long as the slowest and nobody
-waits; an uneven split (even shares on mixed devices, a share computed from an old device map)
-shows as one rank idling a large part of every step. A rank without timings could be the idle
-one, so a generation is judged only when every rank timed every step judged.
+step's collectives (``wait_s``), and its samples. The rank that arrives last at a step's
+collectives waits only for their transfer, which every rank pays; a rank idles what it waited
+beyond that, for a slower one. When the shares of the work are in proportion to each rank's
+speed, every rank computes about as long as the slowest and nobody idles; an uneven split
+(even shares on mixed devices, a share computed from an old device map) shows as one rank idling
+a large part of every step. A rank without timings could be the idle one, so a generation is
+judged only when every rank timed every step judged. Under a cgroup cap a rank gets its CPU time
+per quota period: a step of a few milliseconds fits in one at full speed or waits out the rest
+of it, so its class is not made real, and a rank whose steps compute for under ``MIN_PERIODS``
+periods makes the verdict unknown.
 
 In a world of several roles (a pipeline's targets and drafters) each role is judged on its own,
 from ``compute_s`` alone: its ranks share the role's collectives, and each also waits on the
@@ -20,6 +25,7 @@ left out, and the verdict says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 
 from pytest_reshard.checkers.context import CheckContext
 from pytest_reshard.checkers.registry import register
@@ -34,6 +40,9 @@ MAX_IDLE = 0.10
 #: workload that measures its ranks' speeds, for the measuring.
 SETTLE_STEPS = 1
 TIMINGS = frozenset({"compute_s", "wait_s"})
+#: The fewest quota periods a capped rank's step must compute for: a rank gets its CPU time per
+#: period, so a shorter step either fits in one (full speed) or waits out the period's rest.
+MIN_PERIODS = 3
 
 
 @dataclass
@@ -49,7 +58,8 @@ class _Step:
 def balance(history: History, *, max_idle: float = MAX_IDLE,
             settle_steps: int = SETTLE_STEPS) -> Verdict:
     """Every rank of each heterogeneous generation idled at most ``max_idle`` of its step time
-    (``wait_s / (compute_s + wait_s)``, summed over the generation's steps that every rank
+    (its ``wait_s`` beyond the step's shortest, over ``compute_s + wait_s``, summed over the
+    generation's steps that every rank
     ended, less its first ``settle_steps``: warm-up and, in a workload that measures its ranks'
     speeds, the measuring; one that feeds its step times back into its shares needs a few steps
     to settle). A failure names the idlest rank, its class and its share of the samples. A rank
@@ -76,6 +86,7 @@ def balance(history: History, *, max_idle: float = MAX_IDLE,
         row.samples += len(e.get("samples") or ())
     judged: list[str] = []
     untimed: list[tuple[int, str]] = []
+    too_short: list[tuple[int, str]] = []   # ranks whose steps their cgroup cap cannot slow
     skipped: list[int] = []
     left_out: list[str] = []   # roles of a pipeline that recorded no compute_s at all
     first = "first" if settle_steps == 1 else f"first {settle_steps}"   # the steps left out
@@ -106,10 +117,25 @@ def balance(history: History, *, max_idle: float = MAX_IDLE,
                     f"{judge[0]}-{judge[-1]}: those after the generation's {first} that every "
                     "rank ended)"))
                 continue
+            medians = {r: median(steps[(gen, s, r)].compute for s in judge) for r in ranks}
+            short = {r: t for r, t in medians.items()
+                     if d.period_s is not None and t < MIN_PERIODS * d.period_s}
+            if short:
+                too_short.append((gen, f"generation {gen}: " + ", ".join(
+                    f"rank {r} ({d.classes[r]}) computed a median {t * 1000:.1f} ms a step"
+                    for r, t in short.items())))
+                continue
             failed = _judge(gen, d, ranks, judge, steps, max_idle,
                             f" ({role})" if len(roles) > 1 else "", judged)
             if failed is not None:
                 return failed
+    if too_short:
+        return Verdict.unknown(
+            CHECK, "; ".join(why for _, why in too_short) + f": under {MIN_PERIODS} quota "
+            f"periods of a cgroup cap ({(devices[too_short[0][0]].period_s or 0) * 1000:g} ms "
+            "each), which then pauses a rank now and then instead of slowing it, so its class "
+            "was not made real; make each step compute longer (a bigger batch or model)",
+            generation=too_short[0][0])
     if untimed:
         return Verdict.unknown(
             CHECK, "; ".join(why for _, why in untimed) + ": a rank without timings may be "
@@ -140,15 +166,17 @@ def _judge(gen: int, d: Devices, ranks: list[int], judge: list[int],
         if spans > 0 and (spans - max(compute.values())) / spans >= 0.005:
             jitter = (f"; step-to-step jitter, which no split removes, idled them another "
                       f"{(spans - max(compute.values())) / spans:.0%}")
-    else:
-        wait = {r: sum(x.wait for x in per[r]) for r in ranks}
+    else:   # each step the last to arrive waits only for the transfer itself, which all pay
+        floor = [min(per[q][i].wait for q in ranks) for i in range(len(judge))]
+        wait = {r: sum(x.wait - floor[i] for i, x in enumerate(per[r])) for r in ranks}
     samples = {r: sum(x.samples for x in per[r]) for r in ranks}
     total = sum(samples.values()) or 1
 
     def who(rank: int) -> str:
         return f"rank {rank} ({d.classes[rank]}, {samples[rank] / total:.0%} of the samples)"
-    idle = {r: wait[r] / (compute[r] + wait[r]) if compute[r] + wait[r] > 0 else 0.0
-            for r in ranks}
+    spent = {r: compute[r] + sum(x.wait for x in per[r]) if not role else compute[r] + wait[r]
+             for r in ranks}
+    idle = {r: wait[r] / spent[r] if spent[r] > 0 else 0.0 for r in ranks}
     worst, slowest = max(idle, key=lambda r: idle[r]), min(idle, key=lambda r: idle[r])
     if idle[worst] > max_idle:
         return Verdict.failed(

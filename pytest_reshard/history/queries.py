@@ -311,7 +311,7 @@ class History(MembershipQueries):
         """Each generation's device classes, in a heterogeneous world (else empty)."""
         return {int(e["gen"]): Devices(int(e["gen"]), tuple(e["classes"]),
                                        tuple(float(s) for s in e["speeds"]), str(e["mode"]),
-                                       str(e.get("why") or ""))
+                                       str(e.get("why") or ""), _opt_float(e.get("period_s")))
                 for e in self._supervisor if e["ev"] == Ev.DEVICES}
 
     def power_losses(self) -> list[PowerLoss]:

@@ -371,6 +371,7 @@ class Devices:
     speeds: tuple[float, ...]
     mode: str
     why: str = ""
+    period_s: float | None = None   # a cgroup cap's quota period (its CPU time comes per period)
 
 
 @dataclass(frozen=True)

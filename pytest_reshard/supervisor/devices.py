@@ -159,6 +159,7 @@ class Throttle:
             self._weigh(len(devices))
             entry["cgroups"] = [str(self._group(gen, r, q)) for r, q in enumerate(quotas)]
             entry["cpus"] = [q / PERIOD_US for q in quotas]
+            entry["period_s"] = PERIOD_US / 1e6
             raised = [r for r, speed in enumerate(speeds) if speed * share * PERIOD_US < QUOTA_MIN_US]
             if raised:
                 entry["why"] = (f"rank{'s' if len(raised) > 1 else ''} "

@@ -12,17 +12,20 @@ MIX = ["h100", "a100"]
 
 
 def _gen(b: Builder, steps: range, idle: Mapping[int, float], *, classes: Sequence[str] = MIX,
-         untimed: Mapping[int, Sequence[int]] | None = None, resume: int = 0) -> int:
-    """A generation of ``classes`` running ``steps``: rank r idles ``idle[r]`` of each step and
-    records no timings in the steps ``untimed[r]`` (every step when it is ``steps``)."""
+         untimed: Mapping[int, Sequence[int]] | None = None, resume: int = 0,
+         transfer: float = 0.0, period_s: float | None = None, step_s: float = 1.0) -> int:
+    """A generation of ``classes`` running ``steps``: rank r idles ``idle[r]`` of each step, then
+    every rank waits ``transfer`` more for the collective itself; rank r records no timings in
+    the steps ``untimed[r]`` (every step when it is ``steps``). A step lasts ``step_s``; with
+    ``period_s`` the ranks are capped by cgroups of that quota period."""
     gen = b.next_gen
     b.sup(Ev.DEVICES, gen=gen, classes=list(classes), speeds=[1.0] * len(classes),
-          mode="cgroup", why="")
+          mode="cgroup", why="", **({"period_s": period_s} if period_s else {}))
     b.gen(world_size=len(classes), run=steps, resume=resume, samples=lambda *_: None)
     for step in steps:
         for rank in range(len(classes)):
             timings = {} if step in (untimed or {}).get(rank, ()) else \
-                {"compute_s": 1.0 - idle[rank], "wait_s": idle[rank]}
+                {"compute_s": step_s * (1.0 - idle[rank]), "wait_s": step_s * (idle[rank] + transfer)}
             b.rank(gen, rank, Ev.RECORD, step=step, samples=[rank], **timings)
     return gen
 
@@ -40,6 +43,32 @@ def test_an_unbalanced_world_fails_naming_the_idlest_rank():
     v = balance(b.history())
     assert v.status == FAIL and (v.rank, v.generation) == (0, 0), v.message
     assert v.message.startswith("generation 0, steps 1-3: rank 0 (h100, 50% of the samples) idled 40%"), v
+
+
+def test_the_collectives_own_transfer_is_no_idle_time():
+    """Every rank waits 0.5 s each step for the transfer: the last to arrive waits that alone."""
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.0, 1: 0.0}, transfer=0.5)
+    v = balance(b.history())
+    assert v.status == PASS and v.message.startswith("generation 0, steps 1-3: at most 0% idle"), v.message
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.4, 1: 0.0}, transfer=0.5)
+    v = balance(b.history())   # 0.4 s of rank 0's 1.5 s step
+    assert v.status == FAIL and v.rank == 0 and "idled 27%" in v.message, v.message
+
+
+def test_steps_too_short_for_the_cgroup_cap_are_unknown_not_judged():
+    """5 ms steps under a 10 ms quota period: an even split looks balanced, the cap never bit."""
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.0, 1: 0.0}, period_s=0.01, step_s=0.005)
+    v = balance(b.history())
+    assert v.status == UNKNOWN and v.generation == 0, v.message
+    assert v.message.startswith("generation 0: rank 0 (h100) computed a median 5.0 ms a step, "
+                                "rank 1 (a100) computed a median 5.0 ms a step: under 3 quota "
+                                "periods of a cgroup cap (10 ms each)"), v.message
+    b = Builder(steps=4)
+    _gen(b, range(4), {0: 0.0, 1: 0.0}, period_s=0.01, step_s=0.031)
+    assert balance(b.history()).status == PASS
 
 
 def test_a_rank_without_timings_makes_the_verdict_unknown_not_a_pass():
