@@ -59,11 +59,11 @@ def balance(history: History, *, max_idle: float = MAX_IDLE,
             settle_steps: int = SETTLE_STEPS) -> Verdict:
     """Every rank of each heterogeneous generation idled at most ``max_idle`` of its step time
     (its ``wait_s`` beyond the step's shortest, over ``compute_s + wait_s``, summed over the
-    generation's steps that every rank
-    ended, less its first ``settle_steps``: warm-up and, in a workload that measures its ranks'
-    speeds, the measuring; one that feeds its step times back into its shares needs a few steps
-    to settle). A failure names the idlest rank, its class and its share of the samples. A rank
-    without timings in one of those steps makes the verdict unknown."""
+    generation's steps that every rank ended, less its first ``settle_steps``: warm-up and, in a
+    workload that measures its ranks' speeds, the measuring; one that feeds its step times back
+    into its shares needs a few steps to settle). A failure names the idlest rank, its class and
+    its share of the samples. A rank without timings in one of those steps, or whose steps are
+    too short for its cgroup cap, makes the verdict unknown."""
     if settle_steps < 0:
         raise ValueError(f"settle_steps={settle_steps}: give the steps of each generation to "
                          "leave out, 0 or more")
@@ -162,6 +162,7 @@ def _judge(gen: int, d: Devices, ranks: list[int], judge: list[int],
     jitter = ""
     if role:   # a pipeline's role: over the steps, waiting for the slowest peer's computing
         wait = {r: max(compute.values()) - compute[r] for r in ranks}
+        spent = {r: compute[r] + wait[r] for r in ranks}
         spans = sum(max(per[q][i].compute for q in ranks) for i in range(len(judge)))
         if spans > 0 and (spans - max(compute.values())) / spans >= 0.005:
             jitter = (f"; step-to-step jitter, which no split removes, idled them another "
@@ -169,25 +170,23 @@ def _judge(gen: int, d: Devices, ranks: list[int], judge: list[int],
     else:   # each step the last to arrive waits only for the transfer itself, which all pay
         floor = [min(per[q][i].wait for q in ranks) for i in range(len(judge))]
         wait = {r: sum(x.wait - floor[i] for i, x in enumerate(per[r])) for r in ranks}
+        spent = {r: compute[r] + sum(x.wait for x in per[r]) for r in ranks}
     samples = {r: sum(x.samples for x in per[r]) for r in ranks}
     total = sum(samples.values()) or 1
 
     def who(rank: int) -> str:
         return f"rank {rank} ({d.classes[rank]}, {samples[rank] / total:.0%} of the samples)"
-    spent = {r: compute[r] + sum(x.wait for x in per[r]) if not role else compute[r] + wait[r]
-             for r in ranks}
     idle = {r: wait[r] / spent[r] if spent[r] > 0 else 0.0 for r in ranks}
     worst, slowest = max(idle, key=lambda r: idle[r]), min(idle, key=lambda r: idle[r])
     if idle[worst] > max_idle:
         return Verdict.failed(
             CHECK, f"generation {gen}{role}, steps {judge[0]}-{judge[-1]}: {who(worst)} idled "
-            f"{idle[worst]:.0%} of its steps waiting at the collectives for {who(slowest)}, above the {max_idle:.0%} a "
-            f"balanced world allows: the shares are not in proportion to the ranks' speeds "
+            f"{idle[worst]:.0%} of its steps waiting at the collectives for {who(slowest)}, "
+            f"above the {max_idle:.0%} a balanced world allows: the shares are not in proportion to the ranks' speeds "
             f"({', '.join(f'{c} {s:g}' for c, s in dict(zip(d.classes, d.speeds)).items())})"
             + jitter, rank=worst, generation=gen)
     judged.append(f"generation {gen}{role}, steps {judge[0]}-{judge[-1]}: at most "
-                  f"{idle[worst]:.0%} idle ("
-                  + ", ".join(who(r) for r in ranks) + ")" + jitter)
+                  f"{idle[worst]:.0%} idle ({', '.join(who(r) for r in ranks)})" + jitter)
     return None
 
 
