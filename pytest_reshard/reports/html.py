@@ -195,7 +195,7 @@ def _devices(history: History) -> str:
             step = f"{statistics.median(times) * 1000:.0f} ms" if times else ""
             rows.append(f"<tr><td>{gen}</td><td>{rank}</td><td>{escape(cls)}</td>"
                         f"<td>{speed:g}</td><td>{share}</td><td>{step}</td>"
-                        f"<td>{escape(d.mode)}</td></tr>")
+                        f"<td title=\"{escape(d.why)}\">{escape(d.mode)}</td></tr>")
     return "".join(rows)
 
 

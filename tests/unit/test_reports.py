@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from pytest_reshard.contract import OWN_GPUS, Ev
 from pytest_reshard.reports import charts
 from pytest_reshard.reports import html as html_report
 from pytest_reshard.reports import png as png_plots
@@ -260,3 +261,15 @@ def test_a_thousand_rank_timeline_draws_a_bounded_number_of_rows_bars_and_marks(
     assert len(data.bars) <= charts.MAX_BARS
     assert any(f"ranks 0..{charts.MAX_RANK_ROWS - 1} of {ranks}" in n for n in data.notes)
     assert f'data-rank="{charts.MAX_RANK_ROWS}"' not in charts.timeline_svg(data)
+
+
+def test_a_heterogeneous_world_shows_each_ranks_class_share_and_how_it_was_made(tmp_path):
+    b = Builder(steps=4)
+    b.sup(Ev.DEVICES, gen=0, classes=["h100", "a100"], speeds=[1.0, 0.32], mode=OWN_GPUS,
+          why="each rank's own GPU: rank 0 NVIDIA H100 80GB HBM3, rank 1 NVIDIA A100 <x>")
+    b.gen(run=range(4), samples=lambda step, rank, _: [step * 4 + i for i in range(3 - 2 * rank)])
+    page = html_report.write(_result(tmp_path, b.history()), clean_run(steps=4)).page.read_text()
+    assert "<td>0</td><td>0</td><td>h100</td><td>1</td><td>75%</td>" in page
+    assert "<td>0</td><td>1</td><td>a100</td><td>0.32</td><td>25%</td>" in page
+    assert ('<td title="each rank&#x27;s own GPU: rank 0 NVIDIA H100 80GB HBM3, rank 1 NVIDIA '
+            'A100 &lt;x&gt;">gpu</td>') in page
