@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
+from pytest_reshard.contract import visible_gpus
 from pytest_reshard.supervisor.launch import parse_port_range
 
 PORT_BASE = 20000          # worker ranges start here ...
@@ -74,9 +75,8 @@ def gpu_inventory(env: Mapping[str, str] | None = None) -> tuple[list[str] | Non
     that came from. An already set ``CUDA_VISIBLE_DEVICES`` is the inventory; else NVML, else
     ``nvidia-smi``; None with the reason when there is no GPU inventory (a CPU machine)."""
     env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        ids = [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    ids = visible_gpus(env)
+    if ids is not None:
         return ids, "CUDA_VISIBLE_DEVICES"
     try:
         import pynvml

@@ -37,7 +37,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass", "OWN_GPUS",
+__all__ = ["Env", "Ev", "Cause", "DEVICE_CLASSES", "DeviceClass", "OWN_GPUS", "visible_gpus",
            "Detected", "MemberAction", "FileOp", "FileKill", "Refusal", "MUTATIONS", "OUTSIDE",
            "RunDir", "ADVICE", "GUARD", "FLIPPED", "LINK_CHANGED", "NOT_INJECTED", "STRETCHED",
            "STACK_SIGNAL", "PREEMPT_SIGNAL",
@@ -360,6 +360,15 @@ RANK_FILE = re.compile(r"g(\d+)-r(\d+)\.jsonl")
 #: A file record mode writes (``Env.RECORD``): one per process (a rank's incarnation), named by
 #: its rank, host, pid and start time in milliseconds, so that no two processes share one.
 RECORD_FILE = re.compile(r"rec-r(\d+)-(.+)-(\d+)-(\d+)\.jsonl")
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[str] | None:
+    """The GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible, as it names them (indices or UUIDs);
+    None when it is unset (every GPU of the machine), empty when it hides them all."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
 
 
 def record_file(rank: int, host: str, pid: int, t: float) -> str:

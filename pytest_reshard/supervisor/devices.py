@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_reshard import procfs
-from pytest_reshard.contract import DEVICE_CLASSES, OWN_GPUS
+from pytest_reshard.contract import DEVICE_CLASSES, OWN_GPUS, visible_gpus
 
 __all__ = ["MODES", "REFERENCE", "Throttle", "class_of", "expand_devices", "gpu_classes",
            "next_devices"]
@@ -79,12 +79,10 @@ def gpu_classes(world_size: int, env: Mapping[str, str] | None = None) -> tuple[
     GPU of ``CUDA_VISIBLE_DEVICES``, or of the machine, wrapped around), and a line naming the
     GPUs. No GPU is an error."""
     env = os.environ if env is None else env
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    ids = None if visible is None else [v.strip() for v in visible.split(",")
-                                        if v.strip() and v.strip() != "-1"]
+    ids = visible_gpus(env)
     if ids == []:
         raise ValueError(f"devices='gpu' reads each rank's class from its GPU, but "
-                         f"CUDA_VISIBLE_DEVICES={visible!r} shows none: name the classes "
+                         f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']!r} shows none: name the classes "
                          "(devices=[...]) to make them on CPU, or mark the test @pytest.mark.gpu")
     listed = _nvidia_smi()
     by_id = {key: name for index, uuid, name in listed for key in (index, uuid)}
@@ -133,14 +131,16 @@ class Throttle:
     def __init__(self, run_id: str, mode: str = "auto") -> None:
         if mode not in MODES:
             raise ValueError(f"throttle={mode!r}: use one of {', '.join(MODES)}")
-        self.root, self.v1, why = (None, False, "") if mode == OWN_GPUS else \
-            (None, False, "stretch asked for") if mode == "stretch" else \
-            _cgroup_root(f"{os.getpid()}-{run_id}")
-        if mode == "cgroup" and self.root is None:
-            raise RuntimeError(f"throttle='cgroup' was asked for, but {why}")
-        self.mode = OWN_GPUS if mode == OWN_GPUS else "cgroup" if self.root is not None \
-            else "stretch"
-        self.why = why
+        self.root, self.v1, self.why = None, False, ""
+        if mode == OWN_GPUS:
+            self.mode = OWN_GPUS           # nothing to make: plan() reads the GPUs' classes
+        elif mode == "stretch":
+            self.mode, self.why = "stretch", "stretch asked for"
+        else:
+            self.root, self.v1, self.why = _cgroup_root(f"{os.getpid()}-{run_id}")
+            if mode == "cgroup" and self.root is None:
+                raise RuntimeError(f"throttle='cgroup' was asked for, but {self.why}")
+            self.mode = "cgroup" if self.root is not None else "stretch"
         self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
             (os.cpu_count() or 1)
 
