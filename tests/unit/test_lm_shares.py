@@ -76,7 +76,6 @@ def test_share_feedback_settles_where_every_rank_computes_equally_long():
             counts = feedback.update(counts, seconds(counts)) or counts
         fast, slow = seconds(counts)
         assert sum(counts) == 48 and abs(fast - slow) <= 1 / 0.25, (counts, fast, slow)
-    assert seconds([38, 10]) == [40.0, 48.0]
 
 
 def test_share_feedback_without_a_rank_time_changes_nothing_and_rejects_a_foreign_step():
